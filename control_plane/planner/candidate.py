@@ -1,0 +1,40 @@
+"""A candidate plan inside the search: stages resolved to costs, scored once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .assignment import assign_micro_batches
+from .cluster import Cluster
+from .cost import StageCost, dp_sync_s, pipeline_terms, with_prediction
+from .model import ModelSpec
+from .plan import Pipeline, Plan, Stage
+
+
+@dataclass
+class Candidate:
+    devices: list[list[tuple[str, ...]]]  # per pipeline, per stage: the TP group
+    costs: list[list[StageCost]]
+    micro_batches: list[int]
+    removed: list[str]
+    step_time_s: float
+
+    def to_plan(self, strategy: str, cluster: Cluster, model: ModelSpec) -> Plan:
+        pipelines = tuple(
+            Pipeline(m, tuple(Stage(ids, (c.start, c.end)) for ids, c in zip(row_ids, row)))
+            for row_ids, row, m in zip(self.devices, self.costs, self.micro_batches))
+        plan = Plan(strategy, model.global_batch, model.micro_batch, pipelines, tuple(sorted(self.removed)))
+        return with_prediction(plan, cluster, model)
+
+
+def score(devices, costs, removed, model: ModelSpec, cluster: Cluster,
+          micro_batches: list[int] | None = None) -> Candidate | None:
+    """Assign micro-batches (unless given) and compute the step time of the cost model."""
+    terms = [pipeline_terms(row, model, cluster) for row in costs]
+    if micro_batches is None:
+        micro_batches = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches)
+        if micro_batches is None:
+            return None
+    slowest = max(f + (m - 1) * e for (f, e), m in zip(terms, micro_batches))
+    step = slowest + dp_sync_s(costs, model, cluster)
+    return Candidate(devices, costs, micro_batches, list(removed), step)

@@ -1,0 +1,213 @@
+"""The cluster: nodes, GPUs, NICs, straggling rates, and link bandwidths.
+
+Implements section 1 of the reference cost model. Everything here is pure
+data; bandwidths are in bytes/s per GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+from .errors import SpecError
+from .spec_io import Fields, load_mapping
+
+RDMA_TYPES = ("infiniband", "roce")
+GBPS = 1e9 / 8  # bytes/s in one Gbps
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    tflops: float
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class Nic:
+    type: str  # one of RDMA_TYPES
+    gbps: float
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpus: int
+    gpu: Gpu
+    intra_gbps: float
+    ethernet_gbps: float
+    nics: tuple[Nic, ...] = ()
+
+    @property
+    def intra_bw(self) -> float:
+        return self.intra_gbps * GBPS
+
+    @property
+    def eth_bw(self) -> float:
+        return self.ethernet_gbps * GBPS / self.gpus
+
+    def rdma_bw(self, nic_type: str) -> float:
+        return sum(n.gbps * n.count for n in self.nics if n.type == nic_type) * GBPS / self.gpus
+
+    @property
+    def rdma_types(self) -> frozenset[str]:
+        return frozenset(n.type for n in self.nics)
+
+    @property
+    def nic_class(self) -> str:
+        """The network a node's data-parallel traffic can use at RDMA speed."""
+        return "+".join(sorted(self.rdma_types)) or "ethernet"
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    node: int  # index into Cluster.nodes
+    index: int
+    rate: float  # 1.0 healthy, >1 slower, inf failed
+
+    @property
+    def failed(self) -> bool:
+        return math.isinf(self.rate)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: tuple[Node, ...]
+    rates: dict[str, float] = field(default_factory=dict, hash=False)
+    defaults: dict = field(default_factory=dict, hash=False, repr=False)  # for nodes that join later
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def devices(self) -> tuple[Device, ...]:
+        return tuple(
+            Device(f"{n.name}/{j}", i, j, self.rates.get(f"{n.name}/{j}", 1.0))
+            for i, n in enumerate(self.nodes)
+            for j in range(n.gpus)
+        )
+
+    @cached_property
+    def device_by_id(self) -> dict[str, Device]:
+        return {d.id: d for d in self.devices}
+
+    @property
+    def usable(self) -> list[Device]:
+        return [d for d in self.devices if not d.failed]
+
+    def speed(self, device: Device, mfu: float) -> float:
+        """FLOP/s a device reaches: tflops * mfu / rate."""
+        return self.nodes[device.node].gpu.tflops * 1e12 * mfu / device.rate
+
+    def memory_bytes(self, device: Device) -> float:
+        return self.nodes[device.node].gpu.memory_gib * GIB
+
+    def link_bw(self, node_a: int, node_b: int) -> float:
+        """Per-GPU bandwidth between devices on two nodes (the same node allowed)."""
+        key = (node_a, node_b) if node_a <= node_b else (node_b, node_a)
+        cache = self._link_cache
+        if key not in cache:
+            cache[key] = self._compute_link_bw(*key)
+        return cache[key]
+
+    @cached_property
+    def _link_cache(self) -> dict:
+        return {}
+
+    def _compute_link_bw(self, a: int, b: int) -> float:
+        na, nb = self.nodes[a], self.nodes[b]
+        if a == b:
+            return na.intra_bw
+        common = na.rdma_types & nb.rdma_types
+        if common:
+            return max(min(na.rdma_bw(t), nb.rdma_bw(t)) for t in common)
+        return min(na.eth_bw, nb.eth_bw)  # InfiniBand and RoCE cannot speak RDMA to each other
+
+    def with_rates(self, rates: dict[str, float]) -> "Cluster":
+        for device, rate in rates.items():
+            _check_rate("rates", device, rate, self.device_by_id)
+        return replace(self, rates=dict(rates))
+
+    def with_node(self, node: Node) -> "Cluster":
+        if node.name in self.node_index:
+            raise SpecError(self.name, "nodes.name", node.name, "a node name not already in the cluster")
+        return replace(self, nodes=self.nodes + (node,))
+
+
+def _check_rate(source: str, device: str, rate, devices) -> None:
+    if device not in devices:
+        raise SpecError(source, f"rates.{device}", rate, "a device id NODE/INDEX of this cluster")
+    if not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1.0):
+        raise SpecError(source, f"rates.{device}", rate, "a number >= 1.0, or inf for a failed device")
+
+
+def parse_rate(value):
+    """Rates are numbers >= 1; YAML writes a failed device as `inf` (a string) or `.inf`."""
+    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", ".inf", "infinity"):
+        return math.inf
+    return value
+
+
+_NODE_KEYS = {"name", "gpus", "gpu", "intra_gbps", "ethernet_gbps", "nics"}
+
+
+def _parse_node(raw, defaults: dict, source: str, prefix: str) -> Node:
+    f = Fields(raw, source, prefix)
+    f.reject_unknown(_NODE_KEYS)
+    f = Fields({**defaults, **raw}, source, prefix)  # a node's own keys win
+    g = f.mapping("gpu")
+    g.reject_unknown({"name", "tflops", "memory_gib"})
+    gpu = Gpu(g.string("name"), g.number("tflops"), g.number("memory_gib"))
+    nics = []
+    for i, raw_nic in enumerate(f.items("nics", [])):
+        n = Fields(raw_nic, source, f"{f.path('nics')}[{i}]")
+        n.reject_unknown({"type", "gbps", "count"})
+        nic_type = n.string("type")
+        if nic_type not in RDMA_TYPES:
+            raise n.error("type", nic_type, f"one of {', '.join(RDMA_TYPES)} (Ethernet is ethernet_gbps)")
+        nics.append(Nic(nic_type, n.number("gbps"), n.integer("count", 1)))
+    return Node(
+        name=f.string("name"),
+        gpus=f.integer("gpus"),
+        gpu=gpu,
+        intra_gbps=f.number("intra_gbps"),
+        ethernet_gbps=f.number("ethernet_gbps"),
+        nics=tuple(nics),
+    )
+
+
+def cluster_from_dict(data: dict, source: str = "cluster") -> Cluster:
+    f = Fields(data, source)
+    f.reject_unknown({"name", "defaults", "nodes", "rates"})
+    defaults = f.mapping("defaults", {}).data
+    Fields(defaults, source, "defaults").reject_unknown(_NODE_KEYS - {"name"})
+    raw_nodes = f.items("nodes")
+    if not raw_nodes:
+        raise f.error("nodes", raw_nodes, "a non-empty list of nodes")
+    nodes = [_parse_node(raw, defaults, source, f"nodes[{i}]") for i, raw in enumerate(raw_nodes)]
+    seen = set()
+    for i, node in enumerate(nodes):
+        if node.name in seen or "/" in node.name:
+            raise SpecError(source, f"nodes[{i}].name", node.name, "a unique node name without '/'")
+        seen.add(node.name)
+    cluster = Cluster(f.string("name", source), tuple(nodes), defaults=dict(defaults))
+    rates = {str(k): parse_rate(v) for k, v in f.mapping("rates", {}).data.items()}
+    for device, rate in rates.items():
+        _check_rate(source, device, rate, cluster.device_by_id)
+    return cluster.with_rates({k: float(v) for k, v in rates.items()})
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_dict(load_mapping(path, "cluster"), str(path))
+
+
+def node_from_dict(data: dict, cluster: Cluster, source: str = "node") -> Node:
+    """A node described like a cluster file's node, with that cluster's defaults."""
+    return _parse_node(data, cluster.defaults, source, "node")

@@ -1,0 +1,237 @@
+"""The reference cost model of spec/cost-model.md, sections 3 to 6.
+
+`validate` checks the rules of a valid plan, `evaluate` computes the step time
+exactly as the spec writes it. The planner may search with anything it likes,
+but every figure it reports comes from here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from .cluster import Cluster
+from .errors import PlanError
+from .model import ModelSpec
+from .plan import Plan, Predicted
+
+MEMORY_HEADROOM = 0.9
+BYTES_PER_PARAM = 16  # bf16 weight and gradient, fp32 master, Adam m and v
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What the cost model needs of one stage: its group's node, size, speed, memory."""
+    node: int
+    t: int
+    speed: float  # min over the group's devices, FLOP/s
+    memory: float  # min over the group's devices, bytes
+    start: int
+    end: int
+
+    @property
+    def n(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    pipeline_times_s: list[float]
+    dp_sync_time_s: float
+    step_time_s: float
+    samples_per_s: float
+    ideal_samples_per_s: float
+
+
+def ideal_samples_per_s(cluster: Cluster, model: ModelSpec) -> float:
+    total_speed = sum(cluster.speed(d, model.mfu) for d in cluster.usable)
+    work = model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
+    return model.global_batch / (work / total_speed)
+
+
+def stage_costs(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[list[StageCost]]:
+    devices = cluster.device_by_id
+    out = []
+    for p in plan.pipelines:
+        row = []
+        for s in p.stages:
+            ds = [devices[d] for d in s.devices]
+            row.append(StageCost(
+                node=ds[0].node, t=len(ds),
+                speed=min(cluster.speed(d, model.mfu) for d in ds),
+                memory=min(cluster.memory_bytes(d) for d in ds),
+                start=s.layers[0], end=s.layers[1]))
+        out.append(row)
+    return out
+
+
+def stage_compute_s(st: StageCost, last: bool, model: ModelSpec, cluster: Cluster) -> float:
+    """tau_k: compute (forward + backward) plus tensor-parallel all-reduces."""
+    work = st.n * model.block_flops + (model.head_flops if last else 0.0)
+    tau = 3 * work / (st.t * st.speed)
+    if st.t > 1:
+        tau += st.n * 4 * (2 * (st.t - 1) / st.t) * model.activation_bytes / cluster.link_bw(st.node, st.node)
+    return tau
+
+
+def pipeline_terms(stages: list[StageCost], model: ModelSpec, cluster: Cluster) -> tuple[float, float]:
+    """(first, each): a pipeline with m micro-batches takes first + (m - 1) * each."""
+    last = len(stages) - 1
+    taus = [stage_compute_s(st, k == last, model, cluster) for k, st in enumerate(stages)]
+    comms = [2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
+             for a, b in zip(stages, stages[1:])]
+    return sum(taus) + sum(comms), max(taus + comms)
+
+
+def pipeline_time_s(stages: list[StageCost], m: int, model: ModelSpec, cluster: Cluster) -> float:
+    """T_p under a one-forward-one-backward schedule with m micro-batches."""
+    first, each = pipeline_terms(stages, model, cluster)
+    return first + (m - 1) * each
+
+
+def _min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
+    """Smallest bwx between any two of a set of stages, given each stage's node.
+
+    Link bandwidth depends only on the two nodes' network profiles, so the
+    minimum over all pairs is a minimum over pairs of profiles present."""
+    counts = Counter(nodes)
+    best = math.inf
+    if any(c > 1 for c in counts.values()):
+        best = min(cluster.link_bw(n, n) for n, c in counts.items() if c > 1)
+    by_profile: dict[tuple, list[int]] = {}
+    for n in counts:
+        by_profile.setdefault(_profile(cluster, n), []).append(n)
+    reps = list(by_profile.values())
+    for i, a in enumerate(reps):
+        if len(a) > 1:
+            best = min(best, cluster.link_bw(a[0], a[1]))
+        for b in reps[i + 1:]:
+            best = min(best, cluster.link_bw(a[0], b[0]))
+    return best
+
+
+def _profile(cluster: Cluster, node: int) -> tuple:
+    n = cluster.nodes[node]
+    return (n.eth_bw, tuple(sorted((t, n.rdma_bw(t)) for t in n.rdma_types)))
+
+
+def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
+    """T_dp: the largest gradient all-reduce time any device pays."""
+    D = len(costs)
+    if D == 1:
+        return 0.0
+    factor = 2 * (D - 1) / D
+
+    def sync(params: int, stages: list[StageCost]) -> float:
+        tmin = min(s.t for s in stages)
+        return factor * 2 * params / (tmin * _min_pair_bw([s.node for s in stages], cluster))
+
+    paid = [[0.0] * len(row) for row in costs]
+    # Blocks between consecutive boundaries (of any pipeline) have the same holders.
+    bounds = sorted({s.start for row in costs for s in row} | {model.layers})
+    cursor = [0] * D
+    for a, b in zip(bounds, bounds[1:]):
+        for p, row in enumerate(costs):
+            while row[cursor[p]].end <= a:
+                cursor[p] += 1
+        holders = [row[cursor[p]] for p, row in enumerate(costs)]
+        per_block = sync(model.block_params, holders)
+        for p in range(D):
+            paid[p][cursor[p]] += (b - a) * per_block
+    emb = sync(model.embedding_params, [row[0] for row in costs])
+    head = sync(model.embedding_params, [row[-1] for row in costs])
+    for row_paid in paid:
+        row_paid[0] += emb
+        row_paid[-1] += head
+    return max(max(r) for r in paid)
+
+
+def step_time_s(costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec,
+                cluster: Cluster) -> tuple[list[float], float, float]:
+    """(pipeline times, T_dp, step time) of stages already resolved to costs."""
+    times = [pipeline_time_s(row, m, model, cluster) for row, m in zip(costs, micro_batches)]
+    dp = dp_sync_s(costs, model, cluster)
+    return times, dp, max(times) + dp
+
+
+def evaluate(plan: Plan, cluster: Cluster, model: ModelSpec) -> Breakdown:
+    """The figures of sections 4 and 6 for a plan (assumed valid)."""
+    costs = stage_costs(plan, cluster, model)
+    times, dp, step = step_time_s(costs, [p.micro_batches for p in plan.pipelines], model, cluster)
+    return Breakdown(times, dp, step, model.global_batch / step, ideal_samples_per_s(cluster, model))
+
+
+def with_prediction(plan: Plan, cluster: Cluster, model: ModelSpec) -> Plan:
+    b = evaluate(plan, cluster, model)
+    return replace(plan, predicted=Predicted(b.step_time_s, b.samples_per_s, b.ideal_samples_per_s))
+
+
+def stage_memory_bytes(n: int, k: int, S: int, m: int, t: int, model: ModelSpec) -> float:
+    """Bytes one device of stage k (of S, t devices, m micro-batches) holds: section 5."""
+    params = n * model.block_params + (k == 0) * model.embedding_params + (k == S - 1) * model.embedding_params
+    in_flight = min(S - k, m)
+    return (BYTES_PER_PARAM * params + in_flight * n * model.block_activation_memory) / t
+
+
+def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
+    """Raise PlanError naming the first rule of section 3 the plan breaks."""
+    if (plan.global_batch, plan.micro_batch) != (model.global_batch, model.micro_batch):
+        raise PlanError("batch-mismatch",
+                        f"plan has global_batch={plan.global_batch}, micro_batch={plan.micro_batch}; "
+                        f"the model has {model.global_batch} and {model.micro_batch}")
+    devices = cluster.device_by_id
+    used = plan.devices
+    for d in used + list(plan.removed):
+        if d not in devices:
+            raise PlanError("unknown-device", f"device {d!r} is not in cluster {cluster.name!r}")
+    for d in used:
+        if devices[d].failed:
+            raise PlanError("failed-device-used", f"device {d!r} has failed (rate inf) but is in a stage")
+    twice = [d for d, c in Counter(used + list(plan.removed)).items() if c > 1]
+    if twice:
+        raise PlanError("device-used-twice", f"device {twice[0]!r} appears more than once in the plan")
+    listed = set(used) | set(plan.removed)
+    missing = [d.id for d in cluster.usable if d.id not in listed]
+    if missing:
+        raise PlanError("device-neither-used-nor-removed",
+                        f"usable device {missing[0]!r} is in no stage and not in 'removed'")
+    L = model.layers
+    for i, p in enumerate(plan.pipelines):
+        expected = 0
+        for j, s in enumerate(p.stages):
+            where = f"pipelines[{i}].stages[{j}]"
+            if len({devices[d].node for d in s.devices}) > 1:
+                raise PlanError("tp-group-across-nodes", f"{where} devices {list(s.devices)} span several nodes")
+            if s.n < 1:
+                raise PlanError("empty-stage", f"{where} layers {list(s.layers)} hold no block (n must be >= 1)")
+            if s.layers[0] > expected:
+                raise PlanError("layer-gap", f"{where} starts at block {s.layers[0]}; blocks "
+                                             f"[{expected}, {s.layers[0]}) are held by no stage")
+            if s.layers[0] < expected:
+                raise PlanError("layer-overlap", f"{where} starts at block {s.layers[0]}, inside the "
+                                                 f"previous stage (which ends at {expected})")
+            expected = s.layers[1]
+        if expected < L:
+            raise PlanError("layer-gap", f"pipelines[{i}] ends at block {expected}; blocks [{expected}, {L}) "
+                                         f"are held by no stage")
+        if expected > L:
+            raise PlanError("layers-out-of-range", f"pipelines[{i}] ends at block {expected}; the model has {L}")
+        if p.micro_batches < 1:
+            raise PlanError("micro-batches-below-one", f"pipelines[{i}] has micro_batches={p.micro_batches}; "
+                                                       f"each pipeline needs at least 1")
+    total = sum(p.micro_batches for p in plan.pipelines)
+    if total != model.micro_batches:
+        raise PlanError("micro-batches-do-not-sum",
+                        f"pipelines' micro_batches sum to {total}; M = global_batch/micro_batch = "
+                        f"{model.micro_batches}")
+    for i, p in enumerate(plan.pipelines):
+        S = len(p.stages)
+        for k, s in enumerate(p.stages):
+            need = stage_memory_bytes(s.n, k, S, p.micro_batches, len(s.devices), model)
+            for d in s.devices:
+                cap = MEMORY_HEADROOM * cluster.memory_bytes(devices[d])
+                if need > cap:
+                    raise PlanError("out-of-memory",
+                                    f"pipelines[{i}].stages[{k}] needs {need / 2**30:.1f} GiB on {d}; "
+                                    f"the limit is 0.9 x memory = {cap / 2**30:.1f} GiB")

@@ -1,0 +1,25 @@
+"""Errors raised by the planner for bad input.
+
+Every error names what was wrong (a field, or a rule of the plan format), the
+value that broke it and what is allowed, so a user can fix the file without
+reading code. The CLI maps these to exit status 2 in one place.
+"""
+
+
+class SpecError(ValueError):
+    """A cluster, model or events file has a bad or missing field."""
+
+    def __init__(self, source: str, field: str, value, allowed: str):
+        self.source, self.field, self.value, self.allowed = source, field, value, allowed
+        super().__init__(f"{source}: field '{field}' = {value!r}: {allowed}")
+
+
+class PlanError(ValueError):
+    """A plan breaks one of the validity rules of the cost model (section 3).
+
+    `rule` is a short stable name, e.g. ``device-used-twice``.
+    """
+
+    def __init__(self, rule: str, detail: str):
+        self.rule, self.detail = rule, detail
+        super().__init__(f"invalid plan ({rule}): {detail}")

@@ -1,0 +1,83 @@
+"""Phase 1: GPU grouping.
+
+Tensor-parallel groups live inside one node. A group runs at the pace of its
+slowest member, so stragglers are grouped with stragglers of a similar rate:
+one slow GPU then slows a small group instead of seven healthy ones. Groups may
+differ in size within one plan. GPUs whose rate is past a cut are removed (the
+search tries several cuts and keeps the one the cost model prefers); failed
+GPUs are never used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .cluster import Cluster, Device
+from .model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Group:
+    devices: tuple[str, ...]
+    node: int
+    speed: float  # FLOP/s of its slowest member
+    memory: float  # bytes of its smallest member
+    rate: float  # of its slowest member
+
+    @property
+    def t(self) -> int:
+        return len(self.devices)
+
+
+def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
+    """Tensor-parallel sizes Megatron can split this model into, up to a node's GPUs."""
+    biggest = max(n.gpus for n in cluster.nodes)
+    sizes, t = [], 1
+    while t <= biggest:
+        if model.heads % t == 0 and model.ffn_hidden % t == 0:
+            sizes.append(t)
+        t *= 2
+    return sizes
+
+
+def _largest_size(count: int, tp: int, sizes: list[int]) -> int:
+    return max(s for s in sizes if s <= min(count, tp))
+
+
+def form_groups(cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float = math.inf,
+                remove_from_rate: float = math.inf) -> tuple[list[Group], list[str]]:
+    """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
+
+    Within a node GPUs are taken fastest first; a group closes early when the
+    next GPU is more than `split_ratio` times slower than the group's first,
+    so stragglers start groups of their own. GPUs with rate >=
+    `remove_from_rate` are removed. Group sizes are always valid TP sizes.
+    """
+    sizes = tp_degrees(cluster, model)
+    groups: list[Group] = []
+    removed: list[str] = []
+    by_node: dict[int, list[Device]] = {}
+    for d in cluster.devices:
+        if d.rate >= remove_from_rate or d.failed:
+            if not d.failed:
+                removed.append(d.id)
+            continue
+        by_node.setdefault(d.node, []).append(d)
+    for node, devices in by_node.items():
+        devices.sort(key=lambda d: (d.rate, d.index))
+        i = 0
+        while i < len(devices):
+            similar = 1
+            while (i + similar < len(devices) and similar < tp
+                   and devices[i + similar].rate <= devices[i].rate * split_ratio):
+                similar += 1
+            size = _largest_size(similar, tp, sizes)
+            members = devices[i:i + size]
+            groups.append(Group(
+                devices=tuple(d.id for d in members), node=node,
+                speed=min(cluster.speed(d, model.mfu) for d in members),
+                memory=min(cluster.memory_bytes(d) for d in members),
+                rate=max(d.rate for d in members)))
+            i += size
+    return groups, removed

@@ -1,0 +1,98 @@
+"""Reading YAML/JSON spec files and checking their fields.
+
+Small typed accessors so that every bad field gets the same kind of error:
+the file, the field path, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+
+_MISSING = object()
+
+
+def load_mapping(path: str | Path, kind: str) -> dict:
+    """Load a YAML or JSON file whose top level must be a mapping."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), "(file)", str(path), f"a readable {kind} file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError(str(path), "(file)", str(path), f"valid YAML or JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecError(str(path), "(top level)", type(data).__name__, f"a mapping describing a {kind}")
+    return data
+
+
+class Fields:
+    """Typed access to one mapping of a spec file, remembering the field path."""
+
+    def __init__(self, data: Any, source: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise SpecError(source, prefix or "(top level)", data, "a mapping")
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def error(self, key: str, value, allowed: str) -> SpecError:
+        return SpecError(self.source, self.path(key), value, allowed)
+
+    def get(self, key: str, default=_MISSING):
+        if key not in self.data:
+            if default is _MISSING:
+                raise self.error(key, None, "a value is required")
+            return default
+        return self.data[key]
+
+    def string(self, key: str, default=_MISSING) -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str) or not value:
+            raise self.error(key, value, "a non-empty string")
+        return value
+
+    def integer(self, key: str, default=_MISSING, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(key, value, f"an integer >= {minimum}")
+        return value
+
+    def number(self, key: str, default=_MISSING, minimum: float = 0.0, exclusive: bool = True,
+               maximum: float | None = None) -> float:
+        value = self.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = ok and (value > minimum if exclusive else value >= minimum)
+        ok = ok and (maximum is None or value <= maximum)
+        if not ok:
+            bound = f"> {minimum}" if exclusive else f">= {minimum}"
+            if maximum is not None:
+                bound += f" and <= {maximum}"
+            raise self.error(key, value, f"a finite number {bound}")
+        return float(value)
+
+    def mapping(self, key: str, default=_MISSING) -> "Fields":
+        value = self.get(key, default)
+        if not isinstance(value, dict):
+            raise self.error(key, value, "a mapping")
+        return Fields(value, self.source, self.path(key))
+
+    def items(self, key: str, default=_MISSING) -> list:
+        value = self.get(key, default)
+        if not isinstance(value, list):
+            raise self.error(key, value, "a list")
+        return value
+
+    def reject_unknown(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                raise self.error(str(key), self.data[key], f"a known field ({', '.join(sorted(allowed))})")
