@@ -14,20 +14,20 @@ import heapq
 def assign_micro_batches(first: list[float], each: list[float], total: int) -> list[int] | None:
     """Minimise max_p first[p] + (m[p] - 1) * each[p] subject to sum m = total, m >= 1.
 
-    Starts from the proportional share rounded down, then adds the rest one
-    at a time where it finishes earliest (optimal for this min-max since
-    every T grows with m). None when there are more pipelines than micro-batches.
+    Starts from the continuous optimum rounded down (never above the integer
+    optimum), then adds the rest one at a time where it finishes earliest,
+    which is optimal for this min-max since every T grows with m. None when
+    there are more pipelines than micro-batches.
     """
     D = len(first)
     if D > total:
         return None
-    inverse = [1.0 / e for e in each]
-    scale = total / sum(inverse)
-    counts = [max(1, int(scale * inv)) for inv in inverse]
-    # Rounding up to one can overshoot; take back from the pipelines that finish last.
-    while sum(counts) > total:
-        p = max((p for p in range(D) if counts[p] > 1), key=lambda p: first[p] + (counts[p] - 1) * each[p])
-        counts[p] -= 1
+    # Real-valued m (even below 1) with every pipeline finishing at the same time.
+    rate = sum(1.0 / e for e in each)
+    finish = (total - D + sum(f / e for f, e in zip(first, each))) / rate
+    counts = [max(1, int((finish - f) / e) + 1) for f, e in zip(first, each)]
+    if sum(counts) > total:  # clamping to one overshot: start from the bottom
+        counts = [1] * D
     heap = [(first[p] + counts[p] * each[p], p) for p in range(D)]
     heapq.heapify(heap)
     for _ in range(total - sum(counts)):

@@ -1,0 +1,60 @@
+"""Readable tables for the terminal."""
+
+from __future__ import annotations
+
+from .planner.cluster import Cluster
+from .planner.cost import evaluate
+from .planner.model import ModelSpec
+from .planner.plan import Plan
+
+
+def compact_devices(ids: list[str] | tuple[str, ...]) -> str:
+    """node-0/0 node-0/1 node-0/2 -> node-0/0-2 (devices of a stage share a node)."""
+    by_node: dict[str, list[int]] = {}
+    for d in ids:
+        node, index = d.rsplit("/", 1)
+        by_node.setdefault(node, []).append(int(index))
+    parts = []
+    for node, indices in by_node.items():
+        indices.sort()
+        runs, start = [], indices[0]
+        for prev, cur in zip(indices, indices[1:] + [None]):
+            if cur != prev + 1:
+                runs.append(str(start) if start == prev else f"{start}-{prev}")
+                start = cur
+        parts.append(f"{node}/{','.join(runs)}")
+    return " ".join(parts)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
+    breakdown = evaluate(plan, cluster, model)
+    devices = cluster.device_by_id
+    rows = []
+    for i, (p, t_p) in enumerate(zip(plan.pipelines, breakdown.pipeline_times_s)):
+        for k, s in enumerate(p.stages):
+            slowest = max(devices[d].rate for d in s.devices)
+            rows.append([i if k == 0 else "", p.micro_batches if k == 0 else "", k, compact_devices(s.devices),
+                         len(s.devices), f"{s.layers[0]}-{s.layers[1]}", s.n,
+                         f"{slowest:g}" if slowest != 1.0 else "", f"{t_p:.3f}" if k == 0 else ""])
+    pred = plan.predicted
+    lines = [
+        f"plan: strategy {plan.strategy}, cluster {cluster.name}, model {model.name} "
+        f"(L={model.layers}, B={model.global_batch}, M={model.micro_batches})",
+        "",
+        table(["pipeline", "micro", "stage", "devices", "tp", "blocks", "n", "rate", "T_p (s)"], rows),
+        "",
+        f"removed: {compact_devices(plan.removed) if plan.removed else 'none'}",
+        f"step time: {breakdown.step_time_s:.3f} s (slowest pipeline {max(breakdown.pipeline_times_s):.3f} s "
+        f"+ gradient sync {breakdown.dp_sync_time_s:.3f} s)",
+    ]
+    if pred is not None:
+        lines.append(f"predicted: {pred.samples_per_s:.2f} samples/s; ideal {pred.ideal_samples_per_s:.2f} "
+                     f"samples/s ({pred.samples_per_s / pred.ideal_samples_per_s:.1%} of ideal)")
+    return "\n".join(lines)

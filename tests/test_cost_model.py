@@ -1,0 +1,158 @@
+"""The reference cost model against the spec's golden examples, and the
+errors for bad cluster, model and plan files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from control_plane.planner.cluster import cluster_from_dict, load_cluster
+from control_plane.planner.cost import evaluate, validate
+from control_plane.planner.errors import PlanError, SpecError
+from control_plane.planner.model import load_model, model_from_dict
+from control_plane.planner.plan import load_plan, plan_from_dict
+
+
+def _example_dirs(root):
+    dirs = sorted(p for p in root.iterdir() if (p / "expected.json").exists())
+    assert dirs, f"no golden examples under {root}"
+    return dirs
+
+
+def test_golden_examples_reproduced_to_1e6(spec_examples):
+    for folder in _example_dirs(spec_examples):
+        cluster = load_cluster(folder / "cluster.yaml")
+        model = load_model(folder / "model.yaml")
+        plan = load_plan(folder / "plan.json")
+        validate(plan, cluster, model)
+        got = evaluate(plan, cluster, model)
+        expected = json.loads((folder / "expected.json").read_text())
+        for key, want in expected.items():
+            value = getattr(got, key)
+            values, wants = (value, want) if isinstance(want, list) else ([value], [want])
+            assert len(values) == len(wants), (folder.name, key)
+            for v, w in zip(values, wants):
+                assert v == pytest.approx(w, rel=1e-6), (folder.name, key)
+
+
+def test_every_invalid_plan_rejected_naming_its_rule(spec_examples):
+    seen = 0
+    for folder in _example_dirs(spec_examples):
+        cluster = load_cluster(folder / "cluster.yaml")
+        model = load_model(folder / "model.yaml")
+        for bad in sorted((folder / "invalid").glob("*.json")) if (folder / "invalid").is_dir() else []:
+            with pytest.raises(PlanError) as info:
+                validate(load_plan(bad), cluster, model)
+            assert info.value.rule == bad.stem
+            assert bad.stem in str(info.value)
+            seen += 1
+    assert seen >= 7
+
+
+def _small_plan(**changes):
+    plan = {"strategy": "t", "global_batch": 8, "micro_batch": 1,
+            "pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 2]},
+                                                          {"devices": ["n0/1"], "layers": [2, 4]}]}],
+            "removed": ["n0/2", "n0/3"]}
+    plan.update(changes)
+    return plan
+
+
+@pytest.fixture
+def tiny():
+    cluster = cluster_from_dict({"name": "c", "nodes": [{"name": "n0", "gpus": 4, "intra_gbps": 100,
+                                                         "ethernet_gbps": 10,
+                                                         "gpu": {"name": "g", "tflops": 100, "memory_gib": 80}}]})
+    model = model_from_dict({"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000,
+                             "global_batch": 8, "micro_batch": 1})
+    return cluster, model
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"removed": ["n0/2"]}, "device-neither-used-nor-removed"),
+    ({"removed": ["n0/2", "n0/3", "n9/0"]}, "unknown-device"),
+    ({"global_batch": 16}, "batch-mismatch"),
+    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 3]},
+                                                    {"devices": ["n0/1"], "layers": [2, 4]}]}]}, "layer-overlap"),
+    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 2]},
+                                                    {"devices": ["n0/1"], "layers": [2, 5]}]}]}, "layers-out-of-range"),
+    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 0]},
+                                                    {"devices": ["n0/1"], "layers": [0, 4]}]}]}, "empty-stage"),
+    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 4]}]},
+                    {"micro_batches": 0, "stages": [{"devices": ["n0/1"], "layers": [0, 4]}]}]},
+     "micro-batches-below-one"),
+])
+def test_more_rules_named(tiny, change, rule):
+    cluster, model = tiny
+    with pytest.raises(PlanError) as info:
+        validate(plan_from_dict(_small_plan(**change)), cluster, model)
+    assert info.value.rule == rule
+
+
+def test_small_valid_plan_passes(tiny):
+    validate(plan_from_dict(_small_plan()), *tiny)
+
+
+GOOD_NODE = {"name": "a", "gpus": 8, "intra_gbps": 100, "ethernet_gbps": 10,
+             "gpu": {"name": "g", "tflops": 100, "memory_gib": 80}}
+
+
+@pytest.mark.parametrize("data, field, value", [
+    ({"nodes": []}, "nodes", []),
+    ({"nodes": [{**GOOD_NODE, "gpus": 0}]}, "nodes[0].gpus", 0),
+    ({"nodes": [{**GOOD_NODE, "gpus": "eight"}]}, "nodes[0].gpus", "eight"),
+    ({"nodes": [{k: v for k, v in GOOD_NODE.items() if k != "gpu"}]}, "nodes[0].gpu", None),
+    ({"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": -1, "memory_gib": 80}}]}, "nodes[0].gpu.tflops", -1),
+    ({"nodes": [{**GOOD_NODE, "nics": [{"type": "myrinet", "gbps": 10}]}]}, "nodes[0].nics[0].type", "myrinet"),
+    ({"nodes": [GOOD_NODE, GOOD_NODE]}, "nodes[1].name", "a"),
+    ({"nodes": [GOOD_NODE], "rates": {"a/9": 2.0}}, "rates.a/9", 2.0),
+    ({"nodes": [GOOD_NODE], "rates": {"a/1": 0.5}}, "rates.a/1", 0.5),
+    ({"nodes": [GOOD_NODE], "colour": "red"}, "colour", "red"),
+])
+def test_bad_cluster_fields_named(data, field, value):
+    with pytest.raises(SpecError) as info:
+        cluster_from_dict({"name": "c", **data}, "c.yaml")
+    err = info.value
+    assert (err.field, err.value) == (field, value)
+    assert f"'{field}'" in str(err) and "c.yaml" in str(err)
+
+
+def test_failed_rate_spellings():
+    for spelled in ("inf", "Infinity", float("inf")):
+        c = cluster_from_dict({"name": "c", "nodes": [GOOD_NODE], "rates": {"a/1": spelled}})
+        assert c.device_by_id["a/1"].failed and len(c.usable) == 7
+
+
+GOOD_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000, "global_batch": 8,
+              "micro_batch": 2}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"layers": 0}, "layers"),
+    ({"heads": 3}, "heads"),
+    ({"micro_batch": 3}, "micro_batch"),
+    ({"mfu": 1.5}, "mfu"),
+    ({"vocab": None}, "vocab"),
+])
+def test_bad_model_fields_named(change, field):
+    with pytest.raises(SpecError) as info:
+        model_from_dict({**GOOD_MODEL, **change}, "m.yaml")
+    assert info.value.field == field
+
+
+def test_model_defaults():
+    m = model_from_dict(GOOD_MODEL)
+    assert m.ffn_hidden == 4 * 256 and m.mfu == 0.5 and m.micro_batches == 4
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(SpecError, match="readable cluster file"):
+        load_cluster(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [unclosed")
+    with pytest.raises(SpecError, match="valid YAML"):
+        load_cluster(bad)
+    bad.write_text("- just a list")
+    with pytest.raises(SpecError, match="mapping"):
+        load_model(bad)

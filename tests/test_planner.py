@@ -1,0 +1,160 @@
+"""The three-phase planner and its baselines, over the named test clusters."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from conftest import CLUSTER_VARIANTS, make_cluster, make_model
+from control_plane.planner.assignment import assign_micro_batches
+from control_plane.planner.cost import evaluate, validate
+from control_plane.planner.errors import PlanError
+from control_plane.planner.grouping import form_groups
+from control_plane.planner.orchestration import partition_layers
+from control_plane.planner.search import SPLIT_RATIO, make_plan
+
+VARIANTS = list(itertools.product(CLUSTER_VARIANTS, ["gpt-7b", "gpt-1b"]))
+
+
+def _samples(cluster, model, strategy):
+    try:
+        return make_plan(cluster, model, strategy).predicted.samples_per_s
+    except PlanError:
+        return 0.0
+
+
+@pytest.mark.parametrize("variant, model_name", VARIANTS)
+def test_drover_plan_is_valid_and_never_worse_than_baselines(variant, model_name):
+    cluster, model = make_cluster(variant), make_model(model_name)
+    plan = make_plan(cluster, model)
+    validate(plan, cluster, model)
+    assert plan.strategy == "drover"
+    again = evaluate(plan, cluster, model)
+    assert plan.predicted.samples_per_s == again.samples_per_s
+    assert plan.predicted.samples_per_s <= plan.predicted.ideal_samples_per_s
+    for baseline in ("uniform", "drop"):
+        assert plan.predicted.samples_per_s >= _samples(cluster, model, baseline) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("variant", ["one-straggler", "hopeless-straggler", "slow-node", "failed"])
+def test_stragglers_retained(variant):
+    """Throughput relative to ideal stays within 10% of the healthy cluster's."""
+    model = make_model("gpt-7b")
+    healthy = make_plan(make_cluster("healthy"), model).predicted
+    slow = make_plan(make_cluster(variant), model).predicted
+    retention = (slow.samples_per_s / slow.ideal_samples_per_s) / (healthy.samples_per_s / healthy.ideal_samples_per_s)
+    assert retention >= 0.9
+
+
+def test_straggler_never_shares_a_group_with_healthy_gpus():
+    cluster = make_cluster("one-straggler")
+    plan = make_plan(cluster, make_model("gpt-1b"))
+    rates = {d.id: d.rate for d in cluster.devices}
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            in_stage = [rates[d] for d in stage.devices]
+            assert max(in_stage) <= min(in_stage) * SPLIT_RATIO, stage
+
+
+def test_grouping_splits_by_rate_and_sizes_differ():
+    cluster = make_cluster("healthy", n1_3=3.0, n1_4=3.0)
+    groups, removed = form_groups(cluster, make_model("gpt-7b"), tp=4, split_ratio=SPLIT_RATIO)
+    node1 = sorted((g.t, g.rate) for g in groups if g.node == 1)
+    assert node1 == [(2, 1.0), (2, 3.0), (4, 1.0)]
+    assert removed == []
+    _, removed = form_groups(cluster, make_model("gpt-7b"), tp=4, remove_from_rate=3.0)
+    assert removed == ["n1/3", "n1/4"]
+
+
+def test_hopeless_straggler_removed_failed_never_used():
+    model = make_model("gpt-7b")
+    plan = make_plan(make_cluster("hopeless-straggler"), model)
+    assert "n2/0" in plan.removed and "n2/0" not in plan.devices
+    plan = make_plan(make_cluster("failed"), model)
+    assert "n0/5" not in plan.devices and "n0/5" not in plan.removed
+
+
+def test_slow_stage_or_pipeline_gets_less_work():
+    cluster = make_cluster("healthy", n1_3=1.5)
+    plan = make_plan(cluster, make_model("gpt-1b"))
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            if "n1/3" in stage.devices:
+                per_device_blocks = [s.n * len(s.devices) for s in pipeline.stages]
+                fewer_blocks = stage.n * len(stage.devices) < max(per_device_blocks)
+                fewer_micro = pipeline.micro_batches < max(p.micro_batches for p in plan.pipelines)
+                assert fewer_blocks or fewer_micro
+
+
+@pytest.mark.parametrize("mix", ["ib-roce"])
+def test_data_parallel_replicas_stay_on_one_rdma_type(mix):
+    cluster, model = make_cluster(mix), make_model("gpt-7b")
+    plan = make_plan(cluster, model)
+    nic = {d.id: cluster.nodes[d.node].nic_class for d in cluster.devices}
+    if len(plan.pipelines) > 1:
+        for block in range(model.layers):
+            holders = {nic[s.devices[0]] for p in plan.pipelines for s in p.stages
+                       if s.layers[0] <= block < s.layers[1]}
+            assert len(holders) == 1, (block, holders)
+    all_ib = make_plan(make_cluster("healthy"), model).predicted.samples_per_s
+    assert plan.predicted.samples_per_s >= 0.9 * all_ib
+
+
+def test_last_stage_pays_for_the_head():
+    model = make_model("gpt-7b", global_batch=64, vocab=128000)  # the head costs about two blocks
+    cluster = make_cluster("healthy")
+    groups, _ = form_groups(cluster, model, tp=1)
+    costs = partition_layers([groups[:4]], model, cluster)
+    blocks = [c.n for c in costs[0]]
+    assert sum(blocks) == model.layers and blocks[-1] < max(blocks)
+
+
+def test_partition_respects_memory_or_refuses():
+    model = make_model("gpt-7b", global_batch=64)
+    cluster = make_cluster("healthy")
+    groups, _ = form_groups(cluster, model, tp=1)
+    assert partition_layers([groups[:1]], model, cluster) is None  # 7B does not fit on one GPU
+
+
+@pytest.mark.parametrize("first, each, total", [
+    ([1.0, 1.0], [1.0, 1.0], 10),
+    ([1.0, 3.0], [1.0, 3.0], 12),
+    ([5.0, 1.0, 2.0], [0.5, 1.0, 2.0], 9),
+    ([0.1, 0.1, 0.1, 0.1], [1.0, 1.5, 4.0, 12.0], 7),
+])
+def test_micro_batch_assignment_is_optimal(first, each, total):
+    got = assign_micro_batches(first, each, total)
+    assert sum(got) == total and min(got) >= 1
+    finish = lambda ms: max(f + (m - 1) * e for f, e, m in zip(first, each, ms))  # noqa: E731
+    best = min(finish(ms) for ms in itertools.product(range(1, total + 1), repeat=len(first)) if sum(ms) == total)
+    assert finish(got) == pytest.approx(best)
+
+
+def test_micro_batch_assignment_refuses_more_pipelines_than_micro_batches():
+    assert assign_micro_batches([1, 1, 1], [1, 1, 1], 2) is None
+
+
+def test_planner_is_deterministic():
+    cluster, model = make_cluster("one-straggler"), make_model("gpt-1b")
+    assert make_plan(cluster, model).to_json() == make_plan(cluster, model).to_json()
+
+
+def test_unknown_strategy_and_impossible_model():
+    with pytest.raises(PlanError, match="unknown-strategy"):
+        make_plan(make_cluster(), make_model(), "best")
+    with pytest.raises(PlanError, match="no-feasible-plan"):
+        make_plan(make_cluster(), make_model("gpt-7b", hidden=65536, heads=64, ffn_hidden=65536 * 4))
+
+
+def test_micro_batch_assignment_matches_brute_force_on_random_cases():
+    import random
+    rng = random.Random(7)
+    for _ in range(300):
+        D, total = rng.randint(1, 3), rng.randint(3, 9)
+        first = [rng.uniform(0.1, 6.0) for _ in range(D)]
+        each = [rng.uniform(0.1, 3.0) for _ in range(D)]
+        got = assign_micro_batches(first, each, total)
+        finish = lambda ms: max(f + (m - 1) * e for f, e, m in zip(first, each, ms))  # noqa: E731
+        best = min(finish(ms) for ms in itertools.product(range(1, total + 1), repeat=D) if sum(ms) == total)
+        assert sum(got) == total and finish(got) == pytest.approx(best)
