@@ -6,6 +6,7 @@ a plan, a usage mistake) prints one line on stderr and exits 2.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -14,7 +15,8 @@ from .planner.cluster import load_cluster
 from .planner.errors import PlanError, SpecError
 from .planner.model import load_model
 from .planner.search import STRATEGIES, make_plan
-from .render import render_plan
+from .planner.simulate import load_events, simulate as simulate_run
+from .render import render_plan, render_simulation
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,6 +35,23 @@ def plan(cluster_file: str, model_file: str, strategy: str, as_json: bool) -> No
     cluster, model = load_cluster(cluster_file), load_model(model_file)
     result = make_plan(cluster, model, strategy)
     click.echo(result.to_json() if as_json else render_plan(result, cluster, model))
+
+
+@cli.command()
+@click.option("--cluster", "cluster_file", required=True, metavar="FILE", help="Cluster file (YAML or JSON).")
+@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
+@click.option("--events", "events_file", required=True, metavar="FILE",
+              help="Events: devices that slow, recover or fail, nodes that join (YAML).")
+@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Training steps.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+def simulate(cluster_file: str, model_file: str, events_file: str, steps: int, as_json: bool) -> None:
+    """Replay a run under changing device rates for drover, uniform and drop-and-restart."""
+    cluster, model = load_cluster(cluster_file), load_model(model_file)
+    runs = simulate_run(cluster, model, load_events(events_file, cluster), steps)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
+    else:
+        click.echo(render_simulation(runs))
 
 
 def main(argv: list[str] | None = None) -> None:

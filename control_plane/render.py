@@ -58,3 +58,13 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
         lines.append(f"predicted: {pred.samples_per_s:.2f} samples/s; ideal {pred.ideal_samples_per_s:.2f} "
                      f"samples/s ({pred.samples_per_s / pred.ideal_samples_per_s:.1%} of ideal)")
     return "\n".join(lines)
+
+
+def render_simulation(runs) -> str:
+    rows = [[r.strategy, f"{r.total_s:.1f}", f"{r.samples_per_s:.2f}", r.replans, f"{r.migration_s:.1f}"]
+            for r in runs]
+    lines = [table(["strategy", "total (s)", "samples/s", "replans", "migrating (s)"], rows)]
+    for r in runs:
+        lines += ["", f"{r.strategy}:"]
+        lines += [f"  step {e.step:>6}  {e.step_time_s:8.3f} s/step  {e.event}" for e in r.timeline]
+    return "\n".join(lines)

@@ -69,3 +69,26 @@ def test_bad_field_in_file_exits_2_naming_it(tmp_path):
     out = run_cli("plan", "--cluster", str(CLUSTER), "--model", str(bad))
     assert out.returncode == 2
     assert "'layers'" in out.stderr and "-3" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+EVENTS = ROOT / "examples" / "events" / "straggler-then-failure.yaml"
+
+
+def test_simulate_json_reports_every_strategy():
+    out = run_cli("simulate", "--cluster", str(CLUSTER), "--model", str(MODEL), "--events", str(EVENTS),
+                  "--steps", "600", "--json")
+    assert out.returncode == 0, out.stderr
+    runs = {r["strategy"]: r for r in json.loads(out.stdout)}
+    assert set(runs) == {"drover", "uniform", "drop"}
+    for r in runs.values():
+        assert r["samples_per_s"] == pytest.approx(600 * 512 / r["total_s"])
+    assert runs["drover"]["samples_per_s"] > max(runs["uniform"]["samples_per_s"], runs["drop"]["samples_per_s"])
+    assert runs["drover"]["replans"] >= 2 and runs["drover"]["migration_s"] < runs["drop"]["migration_s"]
+
+
+def test_simulate_bad_events_exit_2(tmp_path):
+    bad = tmp_path / "events.yaml"
+    bad.write_text("events:\n  - {step: 3, device: node-99/0, rate: 2}\n")
+    out = run_cli("simulate", "--cluster", str(CLUSTER), "--model", str(MODEL), "--events", str(bad))
+    assert out.returncode == 2
+    assert "node-99/0" in out.stderr and "events[0].device" in out.stderr

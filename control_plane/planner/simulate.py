@@ -309,7 +309,8 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
 
     Each device of a new stage fetches its TP shard of the stage's blocks (and
     the embedding on a first stage, the LM head on a last stage) from the best
-    linked surviving holder, unless it held exactly that stage before.
+    linked holder (a device of an old stage none of whose GPUs failed), unless
+    it held exactly that stage before.
     Transfers run in parallel, so the slowest receiver sets the time. State no
     surviving device holds comes from a checkpoint: a restart.
     """
@@ -320,7 +321,9 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
     for pipeline in old.pipelines:
         last = len(pipeline.stages) - 1
         for k, stage in enumerate(pipeline.stages):
-            nodes = {devices[d].node for d in stage.devices if not devices[d].failed}
+            # Each device holds a TP shard: a group that lost one no longer has the whole state.
+            intact = not any(devices[d].failed for d in stage.devices)
+            nodes = {devices[d].node for d in stage.devices} if intact else set()
             for block in range(*stage.layers):
                 block_holders[block] |= nodes
             if k == 0:
