@@ -53,11 +53,11 @@ class Node:
     def rdma_bw(self, nic_type: str) -> float:
         return sum(n.gbps * n.count for n in self.nics if n.type == nic_type) * GBPS / self.gpus
 
-    @property
+    @cached_property
     def rdma_types(self) -> frozenset[str]:
         return frozenset(n.type for n in self.nics)
 
-    @property
+    @cached_property
     def nic_class(self) -> str:
         """The network a node's data-parallel traffic can use at RDMA speed."""
         return "+".join(sorted(self.rdma_types)) or "ethernet"
@@ -108,6 +108,11 @@ class Cluster:
 
     def memory_bytes(self, device: Device) -> float:
         return self.nodes[device.node].gpu.memory_gib * GIB
+
+    @cached_property
+    def network_profiles(self) -> list[tuple]:
+        """Per node, what its links depend on: two nodes with equal profiles link alike."""
+        return [(n.eth_bw, tuple(sorted((t, n.rdma_bw(t)) for t in n.rdma_types))) for n in self.nodes]
 
     def link_bw(self, node_a: int, node_b: int) -> float:
         """Per-GPU bandwidth between devices on two nodes (the same node allowed)."""

@@ -112,8 +112,7 @@ def _min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
 
 
 def _profile(cluster: Cluster, node: int) -> tuple:
-    n = cluster.nodes[node]
-    return (n.eth_bw, tuple(sorted((t, n.rdma_bw(t)) for t in n.rdma_types)))
+    return cluster.network_profiles[node]
 
 
 def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:

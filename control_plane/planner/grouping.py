@@ -24,6 +24,7 @@ class Group:
     speed: float  # FLOP/s of its slowest member
     memory: float  # bytes of its smallest member
     rate: float  # of its slowest member
+    intra_bw: float  # bytes/s between its members (they share a node)
 
     @property
     def t(self) -> int:
@@ -78,6 +79,6 @@ def form_groups(cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float 
                 devices=tuple(d.id for d in members), node=node,
                 speed=min(cluster.speed(d, model.mfu) for d in members),
                 memory=min(cluster.memory_bytes(d) for d in members),
-                rate=max(d.rate for d in members)))
+                rate=max(d.rate for d in members), intra_bw=cluster.link_bw(node, node)))
             i += size
     return groups, removed

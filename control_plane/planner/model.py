@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .spec_io import Fields, load_mapping
@@ -25,29 +26,29 @@ class ModelSpec:
     def micro_batches(self) -> int:  # M
         return self.global_batch // self.micro_batch
 
-    @property
+    @cached_property
     def block_flops(self) -> float:  # F: forward FLOP of one block per micro-batch
         b, s, h, f = self.micro_batch, self.seq_len, self.hidden, self.ffn_hidden
         return 2 * b * s * (4 * h * h + 2 * h * f) + 4 * b * s * s * h
 
-    @property
+    @cached_property
     def head_flops(self) -> float:  # FH
         return 2 * self.micro_batch * self.seq_len * self.hidden * self.vocab
 
-    @property
+    @cached_property
     def block_params(self) -> int:  # P
         h = self.hidden
         return 4 * h * h + 2 * h * self.ffn_hidden
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:  # PE (the head has its own, untied)
         return self.vocab * self.hidden
 
-    @property
+    @cached_property
     def activation_bytes(self) -> int:  # A
         return 2 * self.micro_batch * self.seq_len * self.hidden
 
-    @property
+    @cached_property
     def block_activation_memory(self) -> int:  # bytes per block per micro-batch in flight
         return 34 * self.micro_batch * self.seq_len * self.hidden
 

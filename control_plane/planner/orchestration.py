@@ -73,41 +73,51 @@ def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cl
     this min-max because every stage's time grows with its block count.
     """
     D = len(pipelines)
-    L, M = model.layers, model.micro_batches
-    mu = M / D + max(len(p) for p in pipelines) - 1  # how many tau a pipeline's step lasts
-    sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
     depth = max(len(p) for p in pipelines)
+    mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
+    sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
     position_bw = [_min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
                    if sum(len(p) > k for p in pipelines) > 1 else float("inf") for k in range(depth)]
     out = []
+    solved: dict[tuple, list[int] | None] = {}  # most pipelines look alike: solve each kind once
     for pipe in pipelines:
-        S = len(pipe)
-        if S > L:
+        shape = tuple((g.t, g.speed, g.memory, g.intra_bw, position_bw[k]) for k, g in enumerate(pipe))
+        if shape not in solved:
+            solved[shape] = _blocks_per_stage(shape, model, mu, sync_factor)
+        counts = solved[shape]
+        if counts is None:
             return None
-        weights, extras, caps = [], [], []
-        for k, g in enumerate(pipe):
-            w = 3 * model.block_flops / (g.t * g.speed)
-            if g.t > 1:
-                w += 4 * (2 * (g.t - 1) / g.t) * model.activation_bytes / cluster.link_bw(g.node, g.node)
-            w += sync_factor / (g.t * position_bw[k]) / mu
-            weights.append(w)
-            extras.append(3 * model.head_flops / (g.t * g.speed) if k == S - 1 else 0.0)
-            fixed = BYTES_PER_PARAM * model.embedding_params * ((k == 0) + (k == S - 1))
-            per_block = BYTES_PER_PARAM * model.block_params + min(S - k, M) * model.block_activation_memory
-            caps.append(int((MEMORY_HEADROOM * g.memory * g.t - fixed) // per_block))
-        if min(caps) < 1 or sum(caps) < L:
-            return None
-        counts = [1] * S
-        heap = [((2) * weights[k] + extras[k], k) for k in range(S) if caps[k] > 1]
-        heapq.heapify(heap)
-        for _ in range(L - S):
-            _, k = heapq.heappop(heap)
-            counts[k] += 1
-            if counts[k] < caps[k]:
-                heapq.heappush(heap, ((counts[k] + 1) * weights[k] + extras[k], k))
         row, start = [], 0
         for g, n in zip(pipe, counts):
             row.append(StageCost(g.node, g.t, g.speed, g.memory, start, start + n))
             start += n
         out.append(row)
     return out
+
+
+def _blocks_per_stage(shape: tuple, model: ModelSpec, mu: float, sync_factor: float) -> list[int] | None:
+    L, M, S = model.layers, model.micro_batches, len(shape)
+    if S > L:
+        return None
+    weights, extras, caps = [], [], []
+    for k, (t, speed, memory, intra_bw, sync_bw) in enumerate(shape):
+        w = 3 * model.block_flops / (t * speed)
+        if t > 1:
+            w += 4 * (2 * (t - 1) / t) * model.activation_bytes / intra_bw
+        w += sync_factor / (t * sync_bw) / mu
+        weights.append(w)
+        extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
+        fixed = BYTES_PER_PARAM * model.embedding_params * ((k == 0) + (k == S - 1))
+        per_block = BYTES_PER_PARAM * model.block_params + min(S - k, M) * model.block_activation_memory
+        caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
+    if min(caps) < 1 or sum(caps) < L:
+        return None
+    counts = [1] * S
+    heap = [(2 * weights[k] + extras[k], k) for k in range(S) if caps[k] > 1]
+    heapq.heapify(heap)
+    for _ in range(L - S):
+        _, k = heapq.heappop(heap)
+        counts[k] += 1
+        if counts[k] < caps[k]:
+            heapq.heappush(heap, ((counts[k] + 1) * weights[k] + extras[k], k))
+    return counts

@@ -2,8 +2,9 @@
 
 Round one tries every tensor-parallel size, a spread of pipeline depths and
 both arrangements with stragglers grouped apart and none removed. Round two
-takes the best few layouts and tries removing GPUs past each straggling rate
-present and grouping without splitting. The baselines are candidates too, so
+fills in the depths around the best few layouts. Round three takes the best
+layouts and tries removing GPUs past each straggling rate present, and
+grouping that ignores rates. The baselines are candidates too, so
 Drover's plan is never worse than what a Megatron-style job would run.
 """
 
@@ -36,9 +37,8 @@ def stage_counts(layers: int, groups: int) -> list[int]:
     return depths
 
 
-def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, how: str,
-            split: float, cut: float) -> Candidate | None:
-    groups, removed = form_groups(cluster, model, t, split, cut)
+def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str) -> Candidate | None:
+    groups, removed = grouping
     if not groups:
         return None
     pipelines = arrange(groups, S, how, cluster)
@@ -53,24 +53,39 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
     if not cluster.usable:
         raise PlanError("no-usable-device", f"every device of cluster {cluster.name!r} has failed")
     found: list[tuple[float, tuple, Candidate]] = []
+    grouped: dict[tuple, tuple] = {}
+    tried: set[tuple] = set()
+
+    def groups(t: int, split: float, cut: float) -> tuple:
+        if (t, split, cut) not in grouped:
+            grouped[t, split, cut] = form_groups(cluster, model, t, split, cut)
+        return grouped[t, split, cut]
+
+    def try_layout(key: tuple) -> None:
+        if key in tried:
+            return
+        tried.add(key)
+        t, S, how, split, cut = key
+        consider(key, _layout(cluster, model, groups(t, split, cut), S, how))
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
             found.append((candidate.step_time_s, key, candidate))
 
     for t in tp_degrees(cluster, model):
-        groups = len(form_groups(cluster, model, t, SPLIT_RATIO)[0])
-        for S in stage_counts(model.layers, groups):
+        for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, math.inf)[0])):
             for how in ARRANGEMENTS:
-                key = (t, S, how, SPLIT_RATIO, math.inf)
-                consider(key, _layout(cluster, model, *key))
+                try_layout((t, S, how, SPLIT_RATIO, math.inf))
+    # Round two: the depths between round one's, around the best layouts.
+    for _, (t, S, how, split, cut), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+        for depth in range(max(1, S - 3), S + 4):
+            try_layout((t, depth, how, split, cut))
+    # Round three: removal cuts and rate-blind grouping for the best layouts.
     rates = sorted({d.rate for d in cluster.usable if d.rate > 1.0})
-    finalists = sorted(found, key=lambda f: f[0])[:FINALISTS]
-    for _, (t, S, how, _, _), _ in finalists:
+    for _, (t, S, how, _, _), _ in sorted(found, key=lambda f: f[0])[:2 * FINALISTS]:
         for split in (SPLIT_RATIO, math.inf):
             for cut in rates + [math.inf]:
-                if (split, cut) != (SPLIT_RATIO, math.inf):
-                    consider((t, S, how, split, cut), _layout(cluster, model, t, S, how, split, cut))
+                try_layout((t, S, how, split, cut))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         consider((name,), baseline(cluster, model))
     if not found:
