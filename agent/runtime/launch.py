@@ -1,0 +1,100 @@
+"""Run training: N local worker processes following plans, or the
+single-process reference that every parallel run must match."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from control_plane.planner.cluster import Cluster, Gpu, Node
+from control_plane.planner.cost import validate
+from control_plane.planner.errors import PlanError
+from control_plane.planner.model import ModelSpec
+from control_plane.planner.plan import Plan
+
+from . import data
+from .model import GPT, loss_sum
+from .optim import AdamW
+from .worker import WorkerArgs, config_of, worker_main
+
+LOCAL_NODE = "local"
+
+
+def local_cluster(workers: int) -> Cluster:
+    """This machine as a cluster of `workers` devices `local/0..N-1`; memory is not what limits a CPU run."""
+    gpu = Gpu("cpu", tflops=1.0, memory_gib=1e9)
+    return Cluster(LOCAL_NODE, (Node(LOCAL_NODE, workers, gpu, intra_gbps=100.0, ethernet_gbps=100.0),))
+
+
+def check_plan(plan: Plan, spec: ModelSpec, workers: int) -> None:
+    """Refuse a plan before any worker starts, naming the rule it breaks."""
+    validate(plan, local_cluster(workers), spec)
+    for i, p in enumerate(plan.pipelines):
+        for j, s in enumerate(p.stages):
+            t = len(s.devices)
+            if spec.heads % t or spec.ffn_hidden % t:
+                raise PlanError("tp-size-does-not-divide-model",
+                                f"pipelines[{i}].stages[{j}] has {t} devices; tensor parallelism needs a "
+                                f"divisor of heads ({spec.heads}) and ffn_hidden ({spec.ffn_hidden})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], steps: int, seed: int,
+                  out_dir: str | Path, slow: dict[str, tuple[float, int]] | None = None,
+                  optim: AdamW = AdamW()) -> None:
+    """Train with `workers` processes; plans[0] starts at step 0, the others arrive at their steps."""
+    for _, plan in plans:
+        check_plan(plan, spec, workers)
+    out = Path(out_dir)
+    (out / "telemetry").mkdir(parents=True, exist_ok=True)
+    slow = slow or {}
+    unknown = [d for d in slow if d not in local_cluster(workers).device_by_id]
+    if unknown:
+        raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are local/0..local/{workers - 1}")
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(workers):
+        args = WorkerArgs(rank, workers, init, spec, seed, steps, plans, str(out),
+                          slow.get(f"{LOCAL_NODE}/{rank}"), optim)
+        proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
+        proc.start()
+        procs.append(proc)
+    for proc in procs:
+        proc.join()
+    failed = [p.name for p in procs if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"workers failed: {', '.join(failed)} (exit codes "
+                           f"{[p.exitcode for p in procs if p.exitcode != 0]})")
+
+
+def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path, optim: AdamW = AdamW()) -> None:
+    """One process, the whole batch at once: what every parallel run must equal."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = GPT(config_of(spec), seed)
+    state = {n: AdamW.new_state(p) for n, p in model.named_parameters()}
+    with open(out / "trace.jsonl", "w") as trace:
+        for step in range(steps):
+            started = time.perf_counter()
+            inputs, targets = data.batch(seed, step, 0, spec.global_batch, spec.seq_len, spec.vocab)
+            loss = loss_sum(model(inputs), targets) / spec.global_batch
+            loss.backward()
+            for name, p in model.named_parameters():
+                optim.update(p.data, p.grad, state[name], step + 1)
+                p.grad = None
+            elapsed = time.perf_counter() - started
+            trace.write(json.dumps({"step": step, "loss": loss.item(), "plan": "reference",
+                                    "step_time_s": elapsed, "samples_per_s": spec.global_batch / elapsed}) + "\n")
+    (out / "migrations.jsonl").write_text("")
+    torch.save(model.state_dict(), out / "model.pt")

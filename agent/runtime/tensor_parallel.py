@@ -1,0 +1,96 @@
+"""Megatron-style tensor parallelism applied to a one-device Block.
+
+q, k, v and fc are split by output rows (column-parallel: each rank keeps
+heads/t heads and ffn/t units), proj and out by input columns (row-parallel:
+partial sums all-reduced). `enter` is identity forward and all-reduce
+backward; `exit` is all-reduce forward and identity backward. LayerNorms are
+replicated. Shard (t, r) of a tensor is always the same slice of the full
+tensor, which is what lets a block move between groups of different sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .model import Block
+
+# A block's parameter name -> dimension split across the group. Everything
+# else (LayerNorms, the embedding and the head) is replicated in the group.
+BLOCK_SPLIT_DIM = {"q.weight": 0, "k.weight": 0, "v.weight": 0, "fc.weight": 0, "proj.weight": 1, "out.weight": 1}
+
+
+def split_dim(part, name: str) -> int | None:
+    return BLOCK_SPLIT_DIM.get(name) if isinstance(part, int) else None
+
+
+def shard(tensor: torch.Tensor, part, name: str, t: int, r: int) -> torch.Tensor:
+    dim = split_dim(part, name)
+    if t == 1 or dim is None:
+        return tensor
+    return tensor.chunk(t, dim=dim)[r].contiguous()
+
+
+def unshard(shards: list[torch.Tensor], part, name: str) -> torch.Tensor:
+    """The full tensor from the shards of ranks 0..t-1."""
+    dim = split_dim(part, name)
+    if len(shards) == 1 or dim is None:
+        return shards[0]
+    return torch.cat(shards, dim=dim)
+
+
+class _Enter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _Exit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class Enter(nn.Module):
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def forward(self, x):
+        return _Enter.apply(x, self.group)
+
+
+class Exit(nn.Module):
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def forward(self, x):
+        return _Exit.apply(x, self.group)
+
+
+def apply_tensor_parallel(block: Block, t: int, r: int, group) -> Block:
+    """Keep shard r of t of the block's split weights and join the group's all-reduces."""
+    if t == 1:
+        return block
+    with torch.no_grad():
+        for name, param in list(block.named_parameters()):
+            if name in BLOCK_SPLIT_DIM:
+                module_name, attr = name.rsplit(".", 1)
+                setattr(block.get_submodule(module_name), attr, nn.Parameter(shard(param.data, 0, name, t, r)))
+    block.enter, block.exit = Enter(group), Exit(group)
+    return block
