@@ -14,6 +14,7 @@ import click
 from .planner.cluster import load_cluster
 from .planner.errors import PlanError, SpecError
 from .planner.model import load_model
+from .planner.plan import load_plan
 from .planner.search import STRATEGIES, make_plan
 from .planner.simulate import load_events, simulate as simulate_run
 from .render import render_plan, render_simulation
@@ -52,6 +53,63 @@ def simulate(cluster_file: str, model_file: str, events_file: str, steps: int, a
         click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
     else:
         click.echo(render_simulation(runs))
+
+
+def _parse_switch(ctx, param, values) -> list[tuple[int, str]]:
+    out = []
+    for value in values:
+        step, sep, path = value.partition(":")
+        if not sep or not step.isdigit() or int(step) < 1 or not path:
+            raise click.BadParameter(f"{value!r}: expected STEP:FILE with STEP >= 1", param=param)
+        out.append((int(step), path))
+    steps = [s for s, _ in out]
+    if steps != sorted(set(steps)):
+        raise click.BadParameter(f"steps {steps}: each switch needs a later step than the one before", param=param)
+    return out
+
+
+def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
+    out = {}
+    for value in values:
+        device, _, rest = value.partition("=")
+        rate, _, step = rest.partition("@")
+        try:
+            rate_f, step_i = float(rate), int(step or 0)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected DEVICE=RATE@STEP, e.g. local/1=3@5", param=param)
+        if not device or not rate_f >= 1.0 or step_i < 0:
+            raise click.BadParameter(f"{value!r}: RATE must be >= 1 and STEP >= 0", param=param)
+        out[device] = (rate_f, step_i)
+    return out
+
+
+@cli.command()
+@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
+@click.option("--reference", is_flag=True, help="One process, no parallelism: what every plan must match.")
+@click.option("--workers", type=click.IntRange(min=1), help="Local worker processes, devices local/0..N-1.")
+@click.option("--plan", "plan_file", metavar="FILE", help="The plan to start with (plan JSON of the spec).")
+@click.option("--switch", "switches", multiple=True, callback=_parse_switch, metavar="STEP:FILE",
+              help="Switch live to another plan at a step; repeatable.")
+@click.option("--slow", multiple=True, callback=_parse_slow, metavar="DEVICE=RATE@STEP",
+              help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Training steps.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the model and the data.")
+@click.option("--out", "out_dir", required=True, metavar="DIR",
+              help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).")
+def train(model_file, reference, workers, plan_file, switches, slow, steps, seed, out_dir) -> None:
+    """Train the model, on local workers following plans or as the single-process reference."""
+    from agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
+
+    spec = load_model(model_file)
+    if reference:
+        if workers or plan_file or switches or slow:
+            raise click.UsageError("--reference takes only --model, --steps, --seed and --out")
+        train_reference(spec, steps, seed, out_dir)
+        return
+    if not workers or not plan_file:
+        raise click.UsageError("--workers and --plan are required without --reference")
+    plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
+    train_workers(spec, workers, plans, steps, seed, out_dir, slow)
 
 
 def main(argv: list[str] | None = None) -> None:

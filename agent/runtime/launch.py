@@ -62,7 +62,10 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
     if unknown:
         raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are local/0..local/{workers - 1}")
     init = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
+    # Workers fork from a server that has imported torch once: starting is
+    # then a fork, not an interpreter and a torch import per worker.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
     procs = []
     for rank in range(workers):
         args = WorkerArgs(rank, workers, init, spec, seed, steps, plans, str(out),

@@ -1,0 +1,77 @@
+"""What a plan asks of each worker: roles, gradient-sync groups and the
+transfers of a plan switch, by tables."""
+
+from __future__ import annotations
+
+import torch
+
+from test_runtime import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN
+from agent.runtime import layout
+from agent.runtime.model import EMBED, HEAD, GPT, GPTConfig, build_part
+from agent.runtime import data
+
+RANKS = {f"local/{i}": i for i in range(4)}
+L = 4
+
+
+def moves(old, new):
+    return {(m.part, m.src, m.dst, m.t, m.r) for m in layout.transfers(old, new, RANKS, L)}
+
+
+def test_roles_of_a_two_by_two_plan():
+    roles = layout.roles(DP2_PP2, RANKS)
+    assert roles[1].parts == [2, 3, HEAD] and roles[1].prev_group == (0,) and roles[1].micro_batches == (0, 4)
+    assert roles[2].parts == [EMBED, 0, 1] and roles[2].next_group == (3,) and roles[2].micro_batches == (4, 8)
+
+
+def test_sync_groups_follow_block_ranges_not_stages():
+    groups = {(g.parts, g.ranks, g.mode) for g in layout.sync_groups(UNEVEN, RANKS, L)}
+    assert groups == {((EMBED,), (0, 2), "shard"), ((0,), (0, 2), "shard"), ((1, 2), (1, 2), "shard"),
+                      ((3,), (1, 3), "shard"), ((HEAD,), (1, 3), "shard")}
+    assert layout.sync_groups(TP2, RANKS, L) == []  # one pipeline: nothing to sum
+    mixed = {(g.parts, g.mode) for g in layout.sync_groups(MIXED_TP, RANKS, L)}
+    assert mixed == {((EMBED,), "full"), ((0, 1, 2), "full"), ((3,), "shard"), ((HEAD,), "shard")}
+
+
+def test_switch_moves_only_what_changes_owner():
+    assert moves(DP2_PP2, DP2_PP2) == set()
+    # local/0 gives block 1 to local/1; nothing else changes owner.
+    one_block = layout.transfers(DP2_PP2, layout_plan_shift(), RANKS, L)
+    # From local/0, which gives block 1 up, rather than local/2, which keeps working on it.
+    assert {(m.part, m.src, m.dst) for m in one_block} == {(1, 0, 1)}
+
+
+def layout_plan_shift():
+    from test_runtime import plan
+    return plan((4, [([0], (0, 1)), ([1], (1, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
+
+
+def test_tp_change_takes_every_old_shard_or_its_own():
+    got = moves(DP2_PP2, SHRINK)
+    # local/0 and local/1 now hold blocks 0-2 as a TP pair; both rebuild from t=1 holders.
+    assert (0, 0, 0, 1, 0) in got  # local/0 re-slices its own copy of block 0
+    assert (2, 1, 1, 1, 0) in got and (0, 0, 1, 1, 0) in got
+    assert all(m[3] == 1 for m in got)  # every shard sent is a whole (t=1) copy
+
+
+def test_removed_device_gets_state_back_when_it_returns():
+    got = moves(SHRINK, REJOIN)
+    assert {m[0] for m in got if m[2] == 2} == {EMBED, 0, 1, 2, 3, HEAD}
+    assert moves(REJOIN, THREE)  # three pipelines now
+
+
+def test_blocks_depend_only_on_seed_and_index():
+    cfg = GPTConfig()
+    full = GPT(cfg, seed=5)
+    alone = build_part(cfg, 2, seed=5)
+    for (name, a), (_, b) in zip(full.blocks[2].named_parameters(), alone.named_parameters()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(build_part(cfg, 2, seed=6).q.weight, alone.q.weight)
+
+
+def test_data_is_a_pure_function_of_seed_step_sample():
+    a = data.sample_tokens(1, 4, 9, 16, 128)
+    assert torch.equal(a, data.sample_tokens(1, 4, 9, 16, 128))
+    assert not torch.equal(a, data.sample_tokens(1, 4, 10, 16, 128))
+    inputs, targets = data.batch(1, 4, 8, 3, 16, 128)
+    assert torch.equal(inputs[1], a[:-1]) and torch.equal(targets[1], a[1:])
