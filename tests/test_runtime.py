@@ -131,3 +131,14 @@ def test_reference_loss_falls(spec, tmp_path):
     train_reference(spec, 40, 0, tmp_path)
     curve = losses(tmp_path)
     assert sum(curve[-5:]) / 5 < 0.8 * sum(curve[:5]) / 5
+
+
+def test_checkpoint_and_restart_continues_exactly(spec, reference, tmp_path):
+    """The baseline of bench/migration.py: save, stop, start new workers on another plan, load."""
+    train_workers(spec, 4, [(0, DP2_PP2)], 2, SEED, tmp_path / "a", checkpoint_dir=tmp_path / "ckpt")
+    train_workers(spec, 4, [(0, MIXED_TP)], STEPS, SEED, tmp_path / "b", start_step=2, resume_dir=tmp_path / "ckpt")
+    want = torch.load(reference / "model.pt")
+    got = torch.load(tmp_path / "b" / "model.pt")
+    for key in want:
+        assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
+    assert losses(tmp_path / "a") + losses(tmp_path / "b") == pytest.approx(losses(reference), rel=1e-5)

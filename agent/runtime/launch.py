@@ -51,8 +51,13 @@ def _free_port() -> int:
 
 def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], steps: int, seed: int,
                   out_dir: str | Path, slow: dict[str, tuple[float, int]] | None = None,
-                  optim: AdamW = AdamW()) -> None:
-    """Train with `workers` processes; plans[0] starts at step 0, the others arrive at their steps."""
+                  optim: AdamW = AdamW(), start_step: int = 0, checkpoint_dir: str | Path | None = None,
+                  resume_dir: str | Path | None = None) -> None:
+    """Train with `workers` processes; plans[0] starts at `start_step`, the others arrive at their steps.
+
+    checkpoint_dir / resume_dir save every shard after the last step and load
+    the first plan's shards before the first: checkpoint-and-restart, the
+    baseline that live switching replaces (bench/migration.py)."""
     for _, plan in plans:
         check_plan(plan, spec, workers)
     out = Path(out_dir)
@@ -69,7 +74,8 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
     procs = []
     for rank in range(workers):
         args = WorkerArgs(rank, workers, init, spec, seed, steps, plans, str(out),
-                          slow.get(f"{LOCAL_NODE}/{rank}"), optim)
+                          slow.get(f"{LOCAL_NODE}/{rank}"), optim, start_step,
+                          str(checkpoint_dir) if checkpoint_dir else None, str(resume_dir) if resume_dir else None)
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
         procs.append(proc)

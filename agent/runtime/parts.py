@@ -43,7 +43,8 @@ def pack(module: torch.nn.Module, state: dict) -> torch.Tensor:
 
 
 def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
-    """(params, state) keyed by parameter name, shaped like the template's."""
+    """(params, state) keyed by parameter name, shaped like the template's:
+    views into `buf`, which they keep alive, so nothing is copied."""
     shapes = [(n, p.shape, p.numel()) for n, p in template.named_parameters()]
     offset = 0
 
@@ -51,7 +52,7 @@ def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
         nonlocal offset
         out = {}
         for name, shape, numel in shapes:
-            out[name] = buf[offset:offset + numel].view(shape).clone()
+            out[name] = buf[offset:offset + numel].view(shape)
             offset += numel
         return out
     params = take()

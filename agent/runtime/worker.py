@@ -45,6 +45,9 @@ class WorkerArgs:
     out_dir: str
     slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
     optim: AdamW = field(default_factory=AdamW)
+    start_step: int = 0
+    checkpoint_dir: str | None = None  # save every shard here after the last step
+    resume_dir: str | None = None  # load the first plan's shards from here instead of (seed, part)
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
@@ -70,11 +73,11 @@ class Worker:
         out = Path(self.args.out_dir)
         trace = open(out / "trace.jsonl", "w") if self.rank == 0 else None
         migrations = open(out / "migrations.jsonl", "w") if self.rank == 0 else None
-        for step in range(self.args.steps):
-            started = time.perf_counter()
+        for step in range(self.args.start_step, self.args.steps):
+            started, wall_start = time.perf_counter(), time.time()
             for version, (arrives, plan) in enumerate(self.args.plans, start=1):
-                if arrives == step:
-                    self.received[version] = plan
+                if arrives <= step:
+                    self.received.setdefault(version, plan)
             agreed = self._agree_on_version()
             if agreed > self.version:
                 record = self._switch(agreed, step)
@@ -87,11 +90,13 @@ class Worker:
             elapsed = time.perf_counter() - started
             if trace:
                 trace.write(json.dumps({"step": step, "loss": loss.item(), "plan": self.version,
-                                        "step_time_s": elapsed,
-                                        "samples_per_s": self.spec.global_batch / elapsed}) + "\n")
+                                        "step_time_s": elapsed, "samples_per_s": self.spec.global_batch / elapsed,
+                                        "wall_start": wall_start, "wall_end": time.time()}) + "\n")
                 trace.flush()
             self.telemetry.write(json.dumps(stats.to_dict(step, self.version)) + "\n")
         self.telemetry.close()
+        if self.args.checkpoint_dir:
+            self._save_checkpoint(Path(self.args.checkpoint_dir))
         self._save_model(out / "model.pt")
 
     def _agree_on_version(self) -> int:
@@ -261,6 +266,8 @@ class Worker:
                 module, state = kept[part]
             elif part in received:
                 module, state = _assemble(self.cfg, part, t, r, received[part])
+            elif self.args.resume_dir:
+                module, state = _load_part(self.cfg, Path(self.args.resume_dir), part, t, r)
             else:  # the first plan: build from (seed, part)
                 module = build_part(self.cfg, part, self.args.seed)
                 if isinstance(part, int):
@@ -289,6 +296,20 @@ class Worker:
             pg = dist.new_group(list(group.ranks))
             if self.rank in group.ranks:
                 self.sync_pgs.append((group, pg))
+
+    # -- checkpoints (the baseline that live switching replaces) ------------------
+
+    def _save_checkpoint(self, directory: Path) -> None:
+        """One file per part shard, written by the lowest rank holding it."""
+        directory.mkdir(parents=True, exist_ok=True)
+        held = layout.holdings(self.plan, self.ranks, self.spec.layers)
+        for part, module in self.parts.items():
+            shard_key = held[part][self.rank]
+            if min(rank for rank, key in held[part].items() if key == shard_key) == self.rank:
+                params = {n: p.data for n, p in module.named_parameters()}
+                torch.save({"params": params, "state": self.state[part]},
+                           directory / _checkpoint_name(part, *shard_key))
+        dist.barrier()
 
     # -- the final model ---------------------------------------------------------
 
@@ -332,10 +353,24 @@ def _assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict) -> tuple[torch
             return shard(unshard(pieces, part, name), part, name, t, r)
         params = {n: reslice([o[0][n] for o in ordered], n) for n in ordered[0][0]}
         state = {n: {k: reslice([o[1][n][k] for o in ordered], n) for k in STATE_KEYS} for n in ordered[0][0]}
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.copy_(params[name])
+    for name, p in module.named_parameters():
+        p.data = params[name]  # adopt the received tensors rather than copy them
     return module, state
+
+
+def _checkpoint_name(part, t: int, r: int) -> str:
+    return f"{part}-{t}-{r}.pt"
+
+
+def _load_part(cfg: GPTConfig, directory: Path, part, t: int, r: int) -> tuple[torch.nn.Module, dict]:
+    """Shard (t, r) of a part from a checkpoint, re-slicing if it was saved at another TP size."""
+    def load(size: int, i: int) -> tuple[dict, dict]:
+        saved = torch.load(directory / _checkpoint_name(part, size, i))
+        return saved["params"], saved["state"]
+    if (directory / _checkpoint_name(part, t, r)).exists():
+        return _assemble(cfg, part, t, r, {(t, r): load(t, r)})
+    saved_t = min(int(f.name.split("-")[-2]) for f in directory.glob(f"{part}-*-*.pt"))
+    return _assemble(cfg, part, t, r, {(saved_t, i): load(saved_t, i) for i in range(saved_t)})
 
 
 @dataclass
