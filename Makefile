@@ -13,6 +13,8 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/migration.py
+	$(BIN)/python bench/runtime.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
