@@ -1,0 +1,22 @@
+"""The planner's Plan and the wire's drover.v1.Plan: the JSON form of one is
+the other (protobuf JSON mapping with the .proto's field names)."""
+
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from drover.v1 import plan_pb2
+
+from .planner.plan import Plan, plan_from_dict
+
+
+def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
+    return json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())
+
+
+def plan_from_proto(message: plan_pb2.Plan, source: str = "plan") -> Plan:
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    if not message.HasField("predicted"):
+        data.pop("predicted", None)
+    return plan_from_dict(data, source)

@@ -1,0 +1,199 @@
+from drover.v1 import plan_pb2 as _plan_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "telemetry", "ack", "status")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    telemetry: Telemetry
+    ack: Ack
+    status: JobStatus
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class ControlMessage(_message.Message):
+    __slots__ = ("start_job", "plan", "command")
+    START_JOB_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    start_job: StartJob
+    plan: PlanUpdate
+    command: Command
+    def __init__(self, start_job: _Optional[_Union[StartJob, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node", "devices", "nics", "agent_version", "jobs")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    nics: _containers.RepeatedCompositeFieldContainer[Nic]
+    agent_version: str
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("id", "kind", "name", "memory_gib", "tflops")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_GIB_FIELD_NUMBER: _ClassVar[int]
+    TFLOPS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    name: str
+    memory_gib: float
+    tflops: float
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_gib: _Optional[float] = ..., tflops: _Optional[float] = ...) -> None: ...
+
+class Nic(_message.Message):
+    __slots__ = ("name", "type", "gbps")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    GBPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    gbps: float
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
+
+class Telemetry(_message.Message):
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    job_id: str
+    active_plan_version: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceSample]
+    nics: _containers.RepeatedCompositeFieldContainer[NicSample]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ...) -> None: ...
+
+class DeviceSample(_message.Message):
+    __slots__ = ("device", "step", "compute_s_per_block", "p2p_wait_s", "grad_sync_s", "samples_per_s", "utilization", "memory_used_gib")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    P2P_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    GRAD_SYNC_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_GIB_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    step: int
+    compute_s_per_block: float
+    p2p_wait_s: float
+    grad_sync_s: float
+    samples_per_s: float
+    utilization: float
+    memory_used_gib: float
+    def __init__(self, device: _Optional[str] = ..., step: _Optional[int] = ..., compute_s_per_block: _Optional[float] = ..., p2p_wait_s: _Optional[float] = ..., grad_sync_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., utilization: _Optional[float] = ..., memory_used_gib: _Optional[float] = ...) -> None: ...
+
+class NicSample(_message.Message):
+    __slots__ = ("nic", "tx_bytes_per_s", "rx_bytes_per_s")
+    NIC_FIELD_NUMBER: _ClassVar[int]
+    TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    nic: str
+    tx_bytes_per_s: float
+    rx_bytes_per_s: float
+    def __init__(self, nic: _Optional[str] = ..., tx_bytes_per_s: _Optional[float] = ..., rx_bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("job_id", "plan_version")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    plan_version: int
+    def __init__(self, job_id: _Optional[str] = ..., plan_version: _Optional[int] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "state", "step", "active_plan_version", "detail")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    step: int
+    active_plan_version: int
+    detail: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., active_plan_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class StartJob(_message.Message):
+    __slots__ = ("job_id", "model_yaml", "steps", "seed", "world_size", "ranks", "master_addr", "master_port", "plan_version", "plan", "out_dir")
+    class RanksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_YAML_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    model_yaml: str
+    steps: int
+    seed: int
+    world_size: int
+    ranks: _containers.ScalarMap[str, int]
+    master_addr: str
+    master_port: int
+    plan_version: int
+    plan: _plan_pb2.Plan
+    out_dir: str
+    def __init__(self, job_id: _Optional[str] = ..., model_yaml: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Mapping[str, int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., plan_version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., out_dir: _Optional[str] = ...) -> None: ...
+
+class PlanUpdate(_message.Message):
+    __slots__ = ("job_id", "version", "plan")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    version: int
+    plan: _plan_pb2.Plan
+    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("straggle", "cancel")
+    STRAGGLE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    straggle: Straggle
+    cancel: CancelJob
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ...) -> None: ...
+
+class Straggle(_message.Message):
+    __slots__ = ("device", "rate")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    rate: float
+    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+
+class CancelJob(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...

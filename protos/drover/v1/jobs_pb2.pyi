@@ -1,0 +1,218 @@
+from drover.v1 import plan_pb2 as _plan_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("job_yaml", "base_dir", "out_dir")
+    JOB_YAML_FIELD_NUMBER: _ClassVar[int]
+    BASE_DIR_FIELD_NUMBER: _ClassVar[int]
+    OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    job_yaml: str
+    base_dir: str
+    out_dir: str
+    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: str
+    model_name: str
+    steps: int
+    seed: int
+    step: int
+    plan_version: int
+    committed_plan_version: int
+    detail: str
+    created: float
+    out_dir: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("time", "step", "job_id", "kind", "details_json")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    step: int
+    job_id: str
+    kind: str
+    details_json: str
+    def __init__(self, time: _Optional[float] = ..., step: _Optional[int] = ..., job_id: _Optional[str] = ..., kind: _Optional[str] = ..., details_json: _Optional[str] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class PlanRecord(_message.Message):
+    __slots__ = ("job_id", "version", "reason", "committed", "created", "plan")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    version: int
+    reason: str
+    committed: bool
+    created: float
+    plan: _plan_pb2.Plan
+    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., committed: _Optional[bool] = ..., created: _Optional[float] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ("job_id", "version")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    version: int
+    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListPlansRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListPlansResponse(_message.Message):
+    __slots__ = ("plans",)
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[PlanRecord]
+    def __init__(self, plans: _Optional[_Iterable[_Union[PlanRecord, _Mapping]]] = ...) -> None: ...
+
+class ReplanRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetDetectionRequest(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
+class SetDetectionResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
+class NodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("name", "connected", "drained", "devices", "nics", "last_seen")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    connected: bool
+    drained: bool
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    nics: _containers.RepeatedScalarFieldContainer[str]
+    last_seen: float
+    def __init__(self, name: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., devices: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[str]] = ..., last_seen: _Optional[float] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class QueryTelemetryRequest(_message.Message):
+    __slots__ = ("job_id", "device", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    device: str
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., device: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class TelemetryPoint(_message.Message):
+    __slots__ = ("time", "device", "step", "compute_s_per_block", "rate")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    device: str
+    step: int
+    compute_s_per_block: float
+    rate: float
+    def __init__(self, time: _Optional[float] = ..., device: _Optional[str] = ..., step: _Optional[int] = ..., compute_s_per_block: _Optional[float] = ..., rate: _Optional[float] = ...) -> None: ...
+
+class QueryTelemetryResponse(_message.Message):
+    __slots__ = ("points",)
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[TelemetryPoint]
+    def __init__(self, points: _Optional[_Iterable[_Union[TelemetryPoint, _Mapping]]] = ...) -> None: ...
+
+class StraggleRequest(_message.Message):
+    __slots__ = ("device", "rate")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    rate: float
+    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+
+class StraggleResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
