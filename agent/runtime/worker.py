@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from control_plane.planner.model import ModelSpec
-from control_plane.planner.plan import Plan
+from control_plane.planner.plan import Plan, plan_from_dict
 
 from . import data, layout
 from .model import GPTConfig, build_part, loss_sum, part_prefix
@@ -48,6 +48,10 @@ class WorkerArgs:
     start_step: int = 0
     checkpoint_dir: str | None = None  # save every shard here after the last step
     resume_dir: str | None = None  # load the first plan's shards from here instead of (seed, part)
+    ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
+    # A directory an agent drops files into while the job runs: plan-V.json
+    # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
+    inbox: str | None = None
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
@@ -58,7 +62,9 @@ class Worker:
     def __init__(self, args: WorkerArgs):
         self.args, self.rank = args, args.rank
         self.spec, self.cfg = args.spec, config_of(args.spec)
-        self.ranks = {f"local/{i}": i for i in range(args.world)}
+        self.ranks = args.ranks or {f"local/{i}": i for i in range(args.world)}
+        self.device = next(d for d, r in self.ranks.items() if r == self.rank)
+        self.slow = args.slow
         self.received: dict[int, Plan] = {}  # version -> plan
         self.version, self.plan = 0, None
         self.roles: dict[int, layout.Role] = {}
@@ -78,6 +84,8 @@ class Worker:
             for version, (arrives, plan) in enumerate(self.args.plans, start=1):
                 if arrives <= step:
                     self.received.setdefault(version, plan)
+            if self.args.inbox:
+                self._read_inbox(Path(self.args.inbox))
             agreed = self._agree_on_version()
             if agreed > self.version:
                 record = self._switch(agreed, step)
@@ -93,11 +101,22 @@ class Worker:
                                         "step_time_s": elapsed, "samples_per_s": self.spec.global_batch / elapsed,
                                         "wall_start": wall_start, "wall_end": time.time()}) + "\n")
                 trace.flush()
-            self.telemetry.write(json.dumps(stats.to_dict(step, self.version)) + "\n")
+            self.telemetry.write(json.dumps({"device": self.device, **stats.to_dict(step, self.version)}) + "\n")
+            self.telemetry.flush()
         self.telemetry.close()
         if self.args.checkpoint_dir:
             self._save_checkpoint(Path(self.args.checkpoint_dir))
         self._save_model(out / "model.pt")
+
+    def _read_inbox(self, inbox: Path) -> None:
+        for path in inbox.glob("plan-*.json"):
+            version = int(path.stem.split("-")[1])
+            if version not in self.received:
+                self.received[version] = plan_from_dict(json.loads(path.read_text()), str(path))
+        slow = inbox / f"slow-{self.device.replace('/', '_')}.json"
+        if slow.exists():
+            wanted = json.loads(slow.read_text())
+            self.slow = (float(wanted["rate"]), int(wanted["from_step"]))
 
     def _agree_on_version(self) -> int:
         newest = torch.tensor([max(self.received, default=0)], dtype=torch.int64)
@@ -118,8 +137,8 @@ class Worker:
             t0 = time.perf_counter()
             result = fn()
             spent = time.perf_counter() - t0
-            if self.args.slow and step >= self.args.slow[1]:
-                time.sleep((self.args.slow[0] - 1) * spent)  # emulation only: RATE times slower
+            if self.slow and step >= self.slow[1]:
+                time.sleep((self.slow[0] - 1) * spent)  # emulation only: RATE times slower
             stats.compute_s += time.perf_counter() - t0
             return result
 

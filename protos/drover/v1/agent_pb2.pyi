@@ -68,18 +68,34 @@ class Nic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceSample]
     nics: _containers.RepeatedCompositeFieldContainer[NicSample]
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ...) -> None: ...
+    migrations: _containers.RepeatedCompositeFieldContainer[Migration]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ...) -> None: ...
+
+class Migration(_message.Message):
+    __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    plan_version: int
+    bytes_moved: int
+    blocks_moved: int
+    seconds: float
+    def __init__(self, step: _Optional[int] = ..., plan_version: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., blocks_moved: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class DeviceSample(_message.Message):
     __slots__ = ("device", "step", "compute_s_per_block", "p2p_wait_s", "grad_sync_s", "samples_per_s", "utilization", "memory_used_gib")
@@ -185,12 +201,14 @@ class Command(_message.Message):
     def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ...) -> None: ...
 
 class Straggle(_message.Message):
-    __slots__ = ("device", "rate")
+    __slots__ = ("device", "rate", "from_step")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     device: str
     rate: float
-    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+    from_step: int
+    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ..., from_step: _Optional[int] = ...) -> None: ...
 
 class CancelJob(_message.Message):
     __slots__ = ("job_id",)

@@ -204,12 +204,14 @@ class QueryTelemetryResponse(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[TelemetryPoint, _Mapping]]] = ...) -> None: ...
 
 class StraggleRequest(_message.Message):
-    __slots__ = ("device", "rate")
+    __slots__ = ("device", "rate", "from_step")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     device: str
     rate: float
-    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+    from_step: int
+    def __init__(self, device: _Optional[str] = ..., rate: _Optional[float] = ..., from_step: _Optional[int] = ...) -> None: ...
 
 class StraggleResponse(_message.Message):
     __slots__ = ("node",)

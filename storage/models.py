@@ -1,0 +1,100 @@
+"""The control plane's history as SQLAlchemy tables."""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    connected: Mapped[bool] = mapped_column(Boolean, default=False)
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_seen: Mapped[float] = mapped_column(Float, default=0.0)
+    agent_version: Mapped[str] = mapped_column(String, default="")
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    id: Mapped[str] = mapped_column(String, primary_key=True)  # NODE/INDEX
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name"))
+    kind: Mapped[str] = mapped_column(String)
+    name: Mapped[str] = mapped_column(String, default="")
+    memory_gib: Mapped[float] = mapped_column(Float, default=0.0)
+    tflops: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Nic(Base):
+    __tablename__ = "nics"
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name"), primary_key=True)
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    type: Mapped[str] = mapped_column(String)
+    gbps: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    state: Mapped[str] = mapped_column(String)  # pending | running | completed | failed | cancelled
+    model_yaml: Mapped[str] = mapped_column(Text)
+    model_name: Mapped[str] = mapped_column(String)
+    steps: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    out_dir: Mapped[str] = mapped_column(String)
+    step: Mapped[int] = mapped_column(Integer, default=-1)
+    plan_version: Mapped[int] = mapped_column(Integer, default=0)  # desired generation
+    committed_plan_version: Mapped[int] = mapped_column(Integer, default=0)  # observed by every agent
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created: Mapped[float] = mapped_column(Float)
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    plan_json: Mapped[str] = mapped_column(Text)
+    predicted_samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    committed: Mapped[bool] = mapped_column(Boolean, default=False)
+    created: Mapped[float] = mapped_column(Float)
+
+
+class TelemetrySample(Base):
+    __tablename__ = "telemetry"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String)
+    device: Mapped[str] = mapped_column(String)
+    time: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer)
+    compute_s_per_block: Mapped[float] = mapped_column(Float)
+    p2p_wait_s: Mapped[float] = mapped_column(Float, default=0.0)
+    grad_sync_s: Mapped[float] = mapped_column(Float, default=0.0)
+    samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    rate: Mapped[float] = mapped_column(Float, default=1.0)
+    __table_args__ = (Index("telemetry_by_device", "job_id", "device", "id"),)
+
+
+class NicSample(Base):
+    __tablename__ = "nic_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String)
+    nic: Mapped[str] = mapped_column(String)
+    time: Mapped[float] = mapped_column(Float)
+    tx_bytes_per_s: Mapped[float] = mapped_column(Float)
+    rx_bytes_per_s: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("nic_samples_by_nic", "node", "nic", "id"),)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String, index=True)
+    time: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String)
+    details_json: Mapped[str] = mapped_column(Text, default="{}")

@@ -1,0 +1,132 @@
+"""Queries and updates over the history; each takes a Session and is pure
+SQLAlchemy. Writers run them through Store.write so each is one transaction."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from .models import Device, Event, Job, Nic, Node, Plan, TelemetrySample
+
+
+class NotFound(LookupError):
+    """An id that names nothing stored; the servers map it to NOT_FOUND."""
+
+    def __init__(self, kind: str, value: str):
+        self.kind, self.value = kind, value
+        super().__init__(f"unknown {kind} {value!r}")
+
+
+def upsert_node(session: Session, name: str, devices: list[dict], nics: list[dict], agent_version: str) -> Node:
+    node = session.get(Node, name) or Node(name=name)
+    node.connected, node.last_seen, node.agent_version = True, time.time(), agent_version
+    session.add(node)
+    session.flush()
+    for d in devices:
+        session.merge(Device(node=name, **d))
+    for n in nics:
+        session.merge(Nic(node=name, **n))
+    return node
+
+
+def set_connected(session: Session, name: str, connected: bool) -> None:
+    node = session.get(Node, name)
+    if node is not None:
+        node.connected, node.last_seen = connected, time.time()
+
+
+def get_node(session: Session, name: str) -> Node:
+    node = session.get(Node, name)
+    if node is None:
+        raise NotFound("node", name)
+    return node
+
+
+def nodes(session: Session) -> list[Node]:
+    return list(session.scalars(select(Node).order_by(Node.name)))
+
+
+def devices_of(session: Session, node: str) -> list[Device]:
+    return list(session.scalars(select(Device).where(Device.node == node).order_by(Device.id)))
+
+
+def nics_of(session: Session, node: str) -> list[Nic]:
+    return list(session.scalars(select(Nic).where(Nic.node == node).order_by(Nic.name)))
+
+
+def get_device(session: Session, device: str) -> Device:
+    row = session.get(Device, device)
+    if row is None:
+        raise NotFound("device", device)
+    return row
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+def jobs(session: Session) -> list[Job]:
+    return list(session.scalars(select(Job).order_by(Job.created)))
+
+
+def add_plan(session: Session, job_id: str, plan_json: dict, reason: str) -> Plan:
+    """Store the job's next plan version (the desired generation)."""
+    job = get_job(session, job_id)
+    version = (session.scalar(select(func.max(Plan.version)).where(Plan.job_id == job_id)) or 0) + 1
+    predicted = (plan_json.get("predicted") or {}).get("samples_per_s", 0.0)
+    row = Plan(job_id=job_id, version=version, reason=reason, plan_json=json.dumps(plan_json),
+               predicted_samples_per_s=predicted, committed=False, created=time.time())
+    session.add(row)
+    job.plan_version = version
+    return row
+
+
+def commit_plan(session: Session, job_id: str, version: int) -> bool:
+    """Mark a version committed (every agent runs it); False if it already was."""
+    row = session.get(Plan, (job_id, version))
+    if row is None:
+        raise NotFound("plan version", f"{job_id}@{version}")
+    if row.committed:
+        return False
+    row.committed = True
+    job = get_job(session, job_id)
+    job.committed_plan_version = max(job.committed_plan_version, version)
+    return True
+
+
+def plans(session: Session, job_id: str) -> list[Plan]:
+    get_job(session, job_id)
+    return list(session.scalars(select(Plan).where(Plan.job_id == job_id).order_by(Plan.version)))
+
+
+def get_plan(session: Session, job_id: str, version: int = 0) -> Plan:
+    if version == 0:
+        version = get_job(session, job_id).plan_version
+    row = session.get(Plan, (job_id, version))
+    if row is None:
+        raise NotFound("plan version", f"{job_id}@{version}")
+    return row
+
+
+def add_event(session: Session, job_id: str, step: int, kind: str, details: dict) -> Event:
+    row = Event(job_id=job_id, time=time.time(), step=step, kind=kind, details_json=json.dumps(details))
+    session.add(row)
+    return row
+
+
+def events(session: Session, job_id: str, after_id: int = 0) -> list[Event]:
+    return list(session.scalars(select(Event).where(Event.job_id == job_id, Event.id > after_id)
+                                .order_by(Event.id)))
+
+
+def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100) -> list[TelemetrySample]:
+    query = select(TelemetrySample).where(TelemetrySample.job_id == job_id)
+    if device:
+        query = query.where(TelemetrySample.device == device)
+    return list(session.scalars(query.order_by(TelemetrySample.id.desc()).limit(limit)))
