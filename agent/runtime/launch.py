@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from multiprocessing import connection
 
 from control_plane.planner.cluster import Cluster, Gpu, Node
 from control_plane.planner.cost import validate
@@ -79,12 +80,22 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
         procs.append(proc)
-    for proc in procs:
-        proc.join()
-    failed = [p.name for p in procs if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"workers failed: {', '.join(failed)} (exit codes "
-                           f"{[p.exitcode for p in procs if p.exitcode != 0]})")
+    wait_all(procs)
+
+
+def wait_all(procs) -> None:
+    """Join workers; on the first failure stop the rest (they would wait on it) and raise."""
+    running = list(procs)
+    while running:
+        connection.wait([p.sentinel for p in running])
+        for proc in [p for p in running if not p.is_alive()]:
+            running.remove(proc)
+            if proc.exitcode != 0:
+                for other in running:
+                    other.terminate()
+                for other in running:
+                    other.join()
+                raise RuntimeError(f"worker {proc.name} failed (exit code {proc.exitcode}); stopped the others")
 
 
 def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path, optim: AdamW = AdamW()) -> None:

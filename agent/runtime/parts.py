@@ -9,7 +9,7 @@ import torch
 
 from .model import EMBED, HEAD, Block, Embedding, GPTConfig, Head
 from .optim import STATE_KEYS
-from .tensor_parallel import apply_tensor_parallel
+from .tensor_parallel import shard_block
 
 
 @functools.cache
@@ -30,7 +30,7 @@ def empty_part(cfg: GPTConfig, part, t: int = 1, r: int = 0) -> torch.nn.Module:
     kind = {EMBED: Embedding, HEAD: Head}.get(part, Block)
     module = copy.deepcopy(_meta_module(cfg, kind)).to_empty(device="cpu")
     if isinstance(part, int):
-        apply_tensor_parallel(module, t, r, None)
+        shard_block(module, t, r)
     return module
 
 

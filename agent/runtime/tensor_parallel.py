@@ -29,7 +29,7 @@ def shard(tensor: torch.Tensor, part, name: str, t: int, r: int) -> torch.Tensor
     dim = split_dim(part, name)
     if t == 1 or dim is None:
         return tensor
-    return tensor.chunk(t, dim=dim)[r].contiguous()
+    return tensor.chunk(t, dim=dim)[r].clone()  # a copy: a view would keep the whole tensor alive
 
 
 def unshard(shards: list[torch.Tensor], part, name: str) -> torch.Tensor:
@@ -83,14 +83,19 @@ class Exit(nn.Module):
         return _Exit.apply(x, self.group)
 
 
-def apply_tensor_parallel(block: Block, t: int, r: int, group) -> Block:
-    """Keep shard r of t of the block's split weights and join the group's all-reduces."""
+def shard_block(block: Block, t: int, r: int) -> Block:
+    """Keep shard r of t of the block's split weights (the group's hooks come with join_group)."""
     if t == 1:
         return block
     with torch.no_grad():
         for name, param in list(block.named_parameters()):
             if name in BLOCK_SPLIT_DIM:
                 module_name, attr = name.rsplit(".", 1)
-                setattr(block.get_submodule(module_name), attr, nn.Parameter(shard(param.data, 0, name, t, r)))
-    block.enter, block.exit = Enter(group), Exit(group)
+                chunk = param.data.chunk(t, dim=BLOCK_SPLIT_DIM[name])[r].clone()
+                setattr(block.get_submodule(module_name), attr, nn.Parameter(chunk))
     return block
+
+
+def join_group(block: Block, group) -> None:
+    """Route the block's split regions through the group's all-reduces."""
+    block.enter, block.exit = Enter(group), Exit(group)

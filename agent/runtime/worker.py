@@ -11,8 +11,10 @@ ready to rejoin.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,8 +30,9 @@ from . import data, layout
 from .model import GPTConfig, build_part, loss_sum, part_prefix
 from .optim import STATE_KEYS, AdamW
 from .parts import empty_part, pack, unpack, warm_up
-from .tensor_parallel import Enter, Exit, apply_tensor_parallel, shard, split_dim, unshard
+from .tensor_parallel import join_group, shard, shard_block, split_dim, unshard
 
+COLLECTIVE_TIMEOUT_S = 300
 SWITCH_TAG = 1 << 20  # point-to-point tags of a migration; activations use 2 * micro-batch (+1)
 
 
@@ -68,6 +71,7 @@ class Worker:
         self.received: dict[int, Plan] = {}  # version -> plan
         self.version, self.plan = 0, None
         self.roles: dict[int, layout.Role] = {}
+        self.groups: dict[tuple[int, ...], object] = {}  # process groups by their ranks
         self.parts: dict[layout.Part, torch.nn.Module] = {}
         self.state: dict[layout.Part, dict[str, dict[str, torch.Tensor]]] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
@@ -110,8 +114,9 @@ class Worker:
 
     def _read_inbox(self, inbox: Path) -> None:
         for path in inbox.glob("plan-*.json"):
-            version = int(path.stem.split("-")[1])
-            if version not in self.received:
+            match = re.fullmatch(r"plan-(\d+)\.json", path.name)
+            version = int(match.group(1)) if match else 0
+            if match and version not in self.received:  # agents write these atomically (rename)
                 self.received[version] = plan_from_dict(json.loads(path.read_text()), str(path))
         slow = inbox / f"slow-{self.device.replace('/', '_')}.json"
         if slow.exists():
@@ -278,9 +283,10 @@ class Worker:
         self._build_groups(new_plan)
         self.parts, self.state = {}, {}
         role = self.roles.get(self.rank)
+        held_before = layout.holdings(self.plan, self.ranks, L) if self.plan else {}
         for part in role.parts if role else []:
             t, r = len(role.group), role.tp_rank
-            old = self.plan and layout.holdings(self.plan, self.ranks, L)[part].get(self.rank)
+            old = held_before[part].get(self.rank) if held_before else None
             if old == (t, r):
                 module, state = kept[part]
             elif part in received:
@@ -290,10 +296,10 @@ class Worker:
             else:  # the first plan: build from (seed, part)
                 module = build_part(self.cfg, part, self.args.seed)
                 if isinstance(part, int):
-                    apply_tensor_parallel(module, t, r, None)
+                    shard_block(module, t, r)
                 state = {name: AdamW.new_state(p) for name, p in module.named_parameters()}
             if isinstance(part, int) and t > 1:
-                module.enter, module.exit = Enter(self.tp_pg), Exit(self.tp_pg)
+                join_group(module, self.tp_pg)
             self.parts[part], self.state[part] = module, state
         self.plan, self.version = new_plan, version
         totals = torch.tensor([float(moved_bytes), float(moved_blocks)], dtype=torch.float64)
@@ -304,23 +310,34 @@ class Worker:
                 "seconds": float(seconds[0])}
 
     def _build_groups(self, plan: Plan) -> None:
-        """Every worker creates every group, in the same order, as torch.distributed requires."""
+        """Every worker creates every new group, in the same order, as torch.distributed
+        requires; a group of ranks seen in an earlier plan is reused, never made twice."""
         self.roles = layout.roles(plan, self.ranks)
         self.tp_pg, self.sync_pgs = None, []
         for ranks in layout.tp_groups(plan, self.ranks):
-            pg = dist.new_group(list(ranks))
+            pg = self._group(ranks)
             if self.rank in ranks:
                 self.tp_pg = pg
         for group in layout.sync_groups(plan, self.ranks, self.spec.layers):
-            pg = dist.new_group(list(group.ranks))
+            pg = self._group(group.ranks)
             if self.rank in group.ranks:
                 self.sync_pgs.append((group, pg))
+
+    def _group(self, ranks: tuple[int, ...]):
+        key = tuple(sorted(ranks))
+        if key not in self.groups:
+            self.groups[key] = dist.new_group(list(key))
+        return self.groups[key]
 
     # -- checkpoints (the baseline that live switching replaces) ------------------
 
     def _save_checkpoint(self, directory: Path) -> None:
         """One file per part shard, written by the lowest rank holding it."""
-        directory.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            for old in directory.glob("*.pt"):  # a reused directory must not mix runs
+                old.unlink()
+        dist.barrier()
         held = layout.holdings(self.plan, self.ranks, self.spec.layers)
         for part, module in self.parts.items():
             shard_key = held[part][self.rank]
@@ -368,8 +385,8 @@ def _assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict) -> tuple[torch
     else:  # TP size changed: rebuild the full tensors, keep our slice
         t_old = next(iter(pieces))[0]
         ordered = [pieces[(t_old, i)] for i in range(t_old)]
-        def reslice(pieces, name):
-            return shard(unshard(pieces, part, name), part, name, t, r)
+        def reslice(pieces, name):  # a copy: replicated tensors would otherwise pin a whole received buffer
+            return shard(unshard(pieces, part, name), part, name, t, r).clone()
         params = {n: reslice([o[0][n] for o in ordered], n) for n in ordered[0][0]}
         state = {n: {k: reslice([o[1][n][k] for o in ordered], n) for k in STATE_KEYS} for n in ordered[0][0]}
     for name, p in module.named_parameters():
@@ -388,7 +405,10 @@ def _load_part(cfg: GPTConfig, directory: Path, part, t: int, r: int) -> tuple[t
         return saved["params"], saved["state"]
     if (directory / _checkpoint_name(part, t, r)).exists():
         return _assemble(cfg, part, t, r, {(t, r): load(t, r)})
-    saved_t = min(int(f.name.split("-")[-2]) for f in directory.glob(f"{part}-*-*.pt"))
+    sizes = [int(f.name.split("-")[-2]) for f in directory.glob(f"{part}-*-*.pt")]
+    if not sizes:
+        raise FileNotFoundError(f"checkpoint {directory} holds no shard of part {part!r}")
+    saved_t = min(sizes)
     return _assemble(cfg, part, t, r, {(saved_t, i): load(saved_t, i) for i in range(saved_t)})
 
 
@@ -414,7 +434,9 @@ class Stats:
 def worker_main(args: WorkerArgs) -> None:
     torch.set_num_threads(1)  # one core per worker; the host has few
     os.makedirs(Path(args.out_dir) / "telemetry", exist_ok=True)
-    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=args.world)
+    # A lost peer must fail the job in minutes, not the default half hour.
+    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
         Worker(args).run()
     finally:

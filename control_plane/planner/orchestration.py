@@ -34,8 +34,10 @@ def nic_order(cluster: Cluster) -> dict[str, int]:
     return {c: r for r, c in enumerate(sorted(best, key=lambda c: (-best[c], c)))}
 
 
-def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster) -> list[list[Group]]:
-    """Deal groups into pipelines of `stages` (or one more) stages.
+def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int
+            ) -> list[list[Group]]:
+    """Deal groups into pipelines of about `stages` stages (at most `max_pipelines`,
+    one per micro-batch; with fewer, the pipelines grow longer).
 
     columns: in network then file order, stage k of every pipeline from the
       k-th slice, so a straggler lands in one pipeline and replicas of a block
@@ -51,7 +53,7 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster) -> lis
     else:
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed, groups[i].node))
     ordered = [groups[i] for i in order]
-    count = max(1, len(ordered) // stages)
+    count = max(1, min(round(len(ordered) / stages), max_pipelines))
     if how == "columns":
         return [ordered[p::count] for p in range(count)]
     sizes = [len(ordered) // count + (p < len(ordered) % count) for p in range(count)]

@@ -41,7 +41,11 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
     groups, removed = grouping
     if not groups:
         return None
-    pipelines = arrange(groups, S, how, cluster)
+    usable = model.micro_batches * model.layers  # at most M pipelines of at most L stages
+    if len(groups) > usable:
+        by_speed = sorted(groups, key=lambda g: -g.speed * g.t)
+        groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
+    pipelines = arrange(groups, S, how, cluster, model.micro_batches)
     costs = partition_layers(pipelines, model, cluster)
     if costs is None:
         return None
@@ -89,8 +93,9 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         consider((name,), baseline(cluster, model))
     if not found:
-        raise PlanError("no-feasible-plan", f"model {model.name!r} fits in memory under no plan on "
-                                            f"cluster {cluster.name!r}")
+        raise PlanError("no-feasible-plan", f"no plan for model {model.name!r} on cluster {cluster.name!r} keeps "
+                                            f"every device's memory within 0.9 x its size (with at most "
+                                            f"M={model.micro_batches} pipelines of at most L={model.layers} stages)")
     return min(found, key=lambda f: f[0])[2]
 
 
