@@ -25,14 +25,22 @@ def cli() -> None:
     """Drover keeps hybrid-parallel training fast when GPUs straggle and networks differ."""
 
 
-@cli.command()
-@click.option("--cluster", "cluster_file", required=True, metavar="FILE", help="Cluster file (YAML or JSON).")
-@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
+@cli.group(invoke_without_command=True)
+@click.option("--cluster", "cluster_file", metavar="FILE", help="Cluster file (YAML or JSON).")
+@click.option("--model", "model_file", metavar="FILE", help="Model file (YAML or JSON).")
 @click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="drover", show_default=True,
               help="drover: the three-phase planner; uniform, drop: the Megatron-style baselines.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the plan JSON of the spec.")
-def plan(cluster_file: str, model_file: str, strategy: str, as_json: bool) -> None:
-    """Plan GPU groups, pipeline stages, layers and micro-batches for a cluster."""
+@click.pass_context
+def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) -> None:
+    """Plan GPU groups, pipeline stages, layers and micro-batches for a cluster.
+
+    With --cluster and --model: plan offline. `plan show` and `plan history`
+    read a running job's plans from the control plane."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not cluster_file or not model_file:
+        raise click.UsageError("--cluster and --model are required to plan offline")
     cluster, model = load_cluster(cluster_file), load_model(model_file)
     result = make_plan(cluster, model, strategy)
     click.echo(result.to_json() if as_json else render_plan(result, cluster, model))
@@ -113,6 +121,8 @@ def train(model_file, reference, workers, plan_file, switches, slow, steps, seed
 
 
 def main(argv: list[str] | None = None) -> None:
+    from . import cli_system, up  # noqa: F401  (registers the commands that talk to a control plane)
+    import grpc
     try:
         cli.main(args=argv, prog_name="drover", standalone_mode=False)
     except (SpecError, PlanError) as exc:
@@ -124,4 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"drover: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+    except grpc.RpcError as exc:
+        click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
+        sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
 

@@ -51,6 +51,9 @@ class Job(Base):
     committed_plan_version: Mapped[int] = mapped_column(Integer, default=0)  # observed by every agent
     detail: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[float] = mapped_column(Float)
+    ranks_json: Mapped[str] = mapped_column(Text, default="{}")  # device id -> rank, fixed for the job
+    master_addr: Mapped[str] = mapped_column(String, default="127.0.0.1")
+    master_port: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Plan(Base):
@@ -60,6 +63,7 @@ class Plan(Base):
     reason: Mapped[str] = mapped_column(Text)
     plan_json: Mapped[str] = mapped_column(Text)
     predicted_samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    rates_json: Mapped[str] = mapped_column(Text, default="{}")  # the straggling rates it was made for
     committed: Mapped[bool] = mapped_column(Boolean, default=False)
     created: Mapped[float] = mapped_column(Float)
 

@@ -75,13 +75,14 @@ def jobs(session: Session) -> list[Job]:
     return list(session.scalars(select(Job).order_by(Job.created)))
 
 
-def add_plan(session: Session, job_id: str, plan_json: dict, reason: str) -> Plan:
+def add_plan(session: Session, job_id: str, plan_json: dict, reason: str, rates: dict | None = None) -> Plan:
     """Store the job's next plan version (the desired generation)."""
     job = get_job(session, job_id)
     version = (session.scalar(select(func.max(Plan.version)).where(Plan.job_id == job_id)) or 0) + 1
     predicted = (plan_json.get("predicted") or {}).get("samples_per_s", 0.0)
     row = Plan(job_id=job_id, version=version, reason=reason, plan_json=json.dumps(plan_json),
-               predicted_samples_per_s=predicted, committed=False, created=time.time())
+               predicted_samples_per_s=predicted, rates_json=json.dumps(rates or {}), committed=False,
+               created=time.time())
     session.add(row)
     job.plan_version = version
     return row

@@ -10,6 +10,8 @@ tensor, which is what lets a block move between groups of different sizes.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -40,6 +42,18 @@ def unshard(shards: list[torch.Tensor], part, name: str) -> torch.Tensor:
     return torch.cat(shards, dim=dim)
 
 
+class WaitClock:
+    """Seconds spent in tensor-parallel all-reduces, so a worker can report
+    its own compute apart from waiting for a slow partner in its group."""
+    seconds = 0.0
+
+    @classmethod
+    def all_reduce(cls, tensor, group) -> None:
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        cls.seconds += time.perf_counter() - start
+
+
 class _Enter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -49,7 +63,7 @@ class _Enter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
+        WaitClock.all_reduce(grad, ctx.group)
         return grad, None
 
 
@@ -57,7 +71,7 @@ class _Exit(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
+        WaitClock.all_reduce(x, group)
         return x
 
     @staticmethod

@@ -30,7 +30,7 @@ from . import data, layout
 from .model import GPTConfig, build_part, loss_sum, part_prefix
 from .optim import STATE_KEYS, AdamW
 from .parts import empty_part, pack, unpack, warm_up
-from .tensor_parallel import join_group, shard, shard_block, split_dim, unshard
+from .tensor_parallel import WaitClock, join_group, shard, shard_block, split_dim, unshard
 
 COLLECTIVE_TIMEOUT_S = 300
 SWITCH_TAG = 1 << 20  # point-to-point tags of a migration; activations use 2 * micro-batch (+1)
@@ -139,12 +139,13 @@ class Worker:
         sends = []
 
         def compute(fn):
-            t0 = time.perf_counter()
+            t0, waited = time.perf_counter(), WaitClock.seconds
             result = fn()
-            spent = time.perf_counter() - t0
+            spent = time.perf_counter() - t0 - (WaitClock.seconds - waited)  # own work, not a TP partner's
             if self.slow and step >= self.slow[1]:
                 time.sleep((self.slow[0] - 1) * spent)  # emulation only: RATE times slower
-            stats.compute_s += time.perf_counter() - t0
+            stats.compute_s += time.perf_counter() - t0 - (WaitClock.seconds - waited)
+            stats.tp_wait_s += WaitClock.seconds - waited
             return result
 
         def recv(shape, src, tag):
@@ -204,7 +205,10 @@ class Worker:
         self._sync_gradients()
         stats.sync_s = time.perf_counter() - t0
         self._update(step + 1)
-        stats.blocks, stats.micro_batches = role.blocks[1] - role.blocks[0], m
+        # Work in block units: the embedding and head count by their FLOP against a block's, so a
+        # stage holding the head with one block does not look slow for it.
+        stats.blocks = (role.blocks[1] - role.blocks[0]) + role.last * spec.head_flops / spec.block_flops
+        stats.micro_batches = m
         return stats
 
     # -- gradients and the optimizer -----------------------------------------
@@ -418,8 +422,9 @@ class Stats:
     loss: float = 0.0
     compute_s: float = 0.0
     p2p_wait_s: float = 0.0
+    tp_wait_s: float = 0.0
     sync_s: float = 0.0
-    blocks: int = 0
+    blocks: float = 0.0  # blocks' worth of work, the head included
     micro_batches: int = 0
     bytes_sent: dict = field(default_factory=lambda: defaultdict(int))
     bytes_recv: dict = field(default_factory=lambda: defaultdict(int))
@@ -428,6 +433,7 @@ class Stats:
         per_piece = self.compute_s / (self.blocks * self.micro_batches) if self.blocks and self.micro_batches else None
         return {"step": step, "plan": version, "compute_s": self.compute_s,
                 "compute_s_per_block_per_micro_batch": per_piece, "p2p_wait_s": self.p2p_wait_s,
+                "tp_wait_s": self.tp_wait_s,
                 "grad_sync_s": self.sync_s, "bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv)}
 
 

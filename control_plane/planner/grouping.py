@@ -76,7 +76,7 @@ def form_groups(cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float 
             size = _largest_size(similar, tp, sizes)
             members = devices[i:i + size]
             groups.append(Group(
-                devices=tuple(d.id for d in members), node=node,
+                devices=tuple(d.id for d in sorted(members, key=lambda d: d.index)), node=node,
                 speed=min(cluster.speed(d, model.mfu) for d in members),
                 memory=min(cluster.memory_bytes(d) for d in members),
                 rate=max(d.rate for d in members), intra_bw=cluster.link_bw(node, node)))

@@ -317,7 +317,7 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
     devices = cluster.device_by_id
     block_holders = [set() for _ in range(model.layers)]  # nodes of surviving holders
     embedding_holders, head_holders = set(), set()
-    held: dict[str, tuple[tuple[int, int], int]] = {}  # device -> (layers, t)
+    held: dict[str, tuple[tuple[int, int], int, int]] = {}  # device -> (layers, t, TP rank)
     for pipeline in old.pipelines:
         last = len(pipeline.stages) - 1
         for k, stage in enumerate(pipeline.stages):
@@ -330,7 +330,7 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
                 embedding_holders |= nodes
             if k == last:
                 head_holders |= nodes
-            held.update((d, (stage.layers, len(stage.devices))) for d in stage.devices)
+            held.update((d, (stage.layers, len(stage.devices), r)) for r, d in enumerate(stage.devices))
 
     slowest = 0.0
     for pipeline in new.pipelines:
@@ -344,8 +344,8 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
             if any(not holders for _, holders in pieces):
                 return restart_s
             t = len(stage.devices)
-            for d in stage.devices:
-                if held.get(d) == (stage.layers, t):
+            for r, d in enumerate(stage.devices):
+                if held.get(d) == (stage.layers, t, r):  # the same shard: TP rank r of the same blocks
                     continue
                 node = devices[d].node
                 seconds = sum(BYTES_PER_PARAM * params / t / max(cluster.link_bw(node, h) for h in holders)

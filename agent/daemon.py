@@ -1,0 +1,157 @@
+"""The node agent: dial the control plane, say hello, stream telemetry,
+run the job's workers and apply what comes down the stream.
+
+Level-triggered, like flocker's agent loop: after any reconnect the agent
+sends its whole state (Hello with the jobs it runs and the plan version
+active), and the control plane answers with the whole desired state. Nothing
+depends on a message having been seen before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import grpc
+
+from drover.v1 import agent_pb2, agent_pb2_grpc
+
+from control_plane.wire import plan_from_proto
+
+from . import discovery
+from .workers import JobWorkers
+
+log = logging.getLogger("drover.agent")
+AGENT_VERSION = "0.1.0"
+
+
+class Agent:
+    def __init__(self, control_plane: str, node: str, cpu_devices: int = 0, interval_s: float = 0.5,
+                 work_dir: str = ".drover-agent"):
+        self.address, self.node, self.interval_s = control_plane, node, interval_s
+        self.devices = discovery.devices(node, cpu_devices)
+        self.nics = discovery.nics()
+        self.work_dir = Path(work_dir)
+        self.jobs: dict[str, JobWorkers] = {}
+        self._nic_counters: dict[str, tuple[float, int, int]] = {}
+        self._reported: set[str] = set()  # jobs whose end this session's stream has carried
+
+    async def run_forever(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self._session()
+                backoff = 0.2
+            except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                log.warning("control plane %s: %s; retrying in %.1fs", self.address, code or exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            outbox: asyncio.Queue = asyncio.Queue()
+            outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
+            self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
+
+            async def requests():
+                while True:
+                    yield await outbox.get()
+            call = stub.Connect(requests())
+            ticker = asyncio.create_task(self._tick_forever(outbox))
+            try:
+                async for message in call:
+                    self._apply(message)
+            finally:
+                ticker.cancel()
+        raise ConnectionError("stream ended")
+
+    def _hello(self) -> agent_pb2.Hello:
+        return agent_pb2.Hello(
+            node=self.node, agent_version=AGENT_VERSION,
+            devices=[agent_pb2.Device(id=d.id, kind=d.kind, name=d.name, memory_gib=d.memory_gib, tflops=d.tflops)
+                     for d in self.devices],
+            nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps) for n in self.nics],
+            jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()])  # ended ones too: level-triggered
+
+    def _status(self, job_id: str, workers: JobWorkers) -> agent_pb2.JobStatus:
+        state, detail = workers.state()
+        return agent_pb2.JobStatus(job_id=job_id, state=state, step=max(workers.step, 0),
+                                   active_plan_version=workers.active_version, detail=detail)
+
+    # -- what comes down -------------------------------------------------------------
+
+    def _apply(self, message: agent_pb2.ControlMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "start_job":
+            start = message.start_job
+            if start.job_id in self.jobs:
+                return  # already running it: the reconnect resend of desired state
+            self.jobs[start.job_id] = JobWorkers(
+                start.job_id, json.loads(start.model_yaml), start.steps, start.seed, start.world_size,
+                dict(start.ranks), f"tcp://{start.master_addr}:{start.master_port}",
+                plan_from_proto(start.plan, "start_job.plan"), start.out_dir, self.node, self.work_dir)
+            log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
+        elif kind == "plan":
+            workers = self.jobs.get(message.plan.job_id)
+            if workers is not None:
+                workers.hand_plan(message.plan.version, plan_from_proto(message.plan.plan, "plan"))
+        elif kind == "command":
+            command = message.command
+            if command.WhichOneof("body") == "straggle":
+                for workers in self.jobs.values():
+                    workers.straggle(command.straggle.device, command.straggle.rate, command.straggle.from_step)
+            elif command.WhichOneof("body") == "cancel":
+                workers = self.jobs.pop(command.cancel.job_id, None)
+                if workers is not None:
+                    workers.stop()
+
+    # -- what goes up ------------------------------------------------------------------
+
+    async def _tick_forever(self, outbox: asyncio.Queue) -> None:
+        while True:
+            for message in self._tick():
+                outbox.put_nowait(message)
+            await asyncio.sleep(self.interval_s)
+
+    def _tick(self) -> list[agent_pb2.AgentMessage]:
+        out = []
+        nics = self._nic_samples()
+        for job_id, workers in list(self.jobs.items()):
+            if job_id in self._reported:
+                continue
+            samples = [agent_pb2.DeviceSample(
+                device=row["device"], step=row["step"], compute_s_per_block=row["compute_s_per_block_per_micro_batch"],
+                p2p_wait_s=row["p2p_wait_s"], grad_sync_s=row["grad_sync_s"])
+                for row in workers.new_telemetry() if row.get("compute_s_per_block_per_micro_batch")]
+            migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan"], bytes_moved=m["bytes_moved"],
+                                              blocks_moved=m["blocks_moved"], seconds=m["seconds"])
+                          for m in workers.new_migrations()]
+            out.append(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
+                time=time.time(), job_id=job_id, active_plan_version=workers.active_version,
+                devices=samples, nics=nics, migrations=migrations)))
+            if workers.state()[0] != "running":  # the end, once per stream
+                out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
+                self._reported.add(job_id)
+                workers.stop()
+        return out
+
+    def _nic_samples(self) -> list[agent_pb2.NicSample]:
+        now, out = time.time(), []
+        for nic in self.nics:
+            tx, rx = discovery.nic_bytes(nic.name)
+            if nic.name in self._nic_counters:
+                then, tx0, rx0 = self._nic_counters[nic.name]
+                dt = max(now - then, 1e-6)
+                out.append(agent_pb2.NicSample(nic=nic.name, tx_bytes_per_s=max(0, tx - tx0) / dt,
+                                               rx_bytes_per_s=max(0, rx - rx0) / dt))
+            self._nic_counters[nic.name] = (now, tx, rx)
+        return out
+
+    def stop(self) -> None:
+        for workers in self.jobs.values():
+            workers.stop()

@@ -1,0 +1,105 @@
+"""A job's worker processes on this node: start them, hand them plans and
+emulated slowdowns through their inbox, read their telemetry, watch them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+from control_plane.planner.model import model_from_dict
+from control_plane.planner.plan import Plan
+
+from .runtime.worker import WorkerArgs, worker_main
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    """Workers poll these files: they must never see half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class JobWorkers:
+    def __init__(self, job_id: str, model: dict, steps: int, seed: int, world: int, ranks: dict[str, int],
+                 master: str, plan: Plan, out_dir: str, node: str, inbox_root: Path):
+        self.job_id, self.out_dir, self.node = job_id, Path(out_dir), node
+        self.inbox = inbox_root / job_id
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
+        self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
+        self.hosts_rank0 = 0 in self.local.values()
+        spec = model_from_dict(model, "job model")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
+        self.procs = {}
+        for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
+            args = WorkerArgs(rank, world, master, spec, seed, steps, [(0, plan)], str(self.out_dir),
+                              ranks=ranks, inbox=str(self.inbox))
+            proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
+            proc.start()
+            self.procs[device] = proc
+        self._offsets: dict[Path, int] = {}
+        self.latest: dict[str, dict] = {}  # device -> its newest telemetry line
+
+    def hand_plan(self, version: int, plan: Plan) -> None:
+        write_atomically(self.inbox / f"plan-{version}.json", plan.to_dict())
+
+    def straggle(self, device: str, rate: float, from_step: int) -> bool:
+        if device not in self.local:
+            return False
+        write_atomically(self.inbox / f"slow-{device.replace('/', '_')}.json", {"rate": rate, "from_step": from_step})
+        return True
+
+    def new_telemetry(self) -> list[dict]:
+        rows = []
+        for device, rank in self.local.items():
+            for row in self._tail(self.out_dir / "telemetry" / f"worker-{rank}.jsonl"):
+                self.latest[device] = row
+                rows.append(row)
+        return rows
+
+    def new_migrations(self) -> list[dict]:
+        return self._tail(self.out_dir / "migrations.jsonl") if self.hosts_rank0 else []
+
+    def _tail(self, path: Path) -> list[dict]:
+        """Complete lines added since the last call."""
+        try:
+            with path.open() as f:
+                f.seek(self._offsets.get(path, 0))
+                text = f.read()
+        except OSError:
+            return []
+        complete = text[:text.rfind("\n") + 1]
+        self._offsets[path] = self._offsets.get(path, 0) + len(complete.encode())
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    @property
+    def active_version(self) -> int:
+        """The plan version every local worker has run (the observed generation)."""
+        if len(self.latest) < len(self.local):
+            return 0
+        return min(row["plan"] for row in self.latest.values())
+
+    @property
+    def step(self) -> int:
+        return max((row["step"] for row in self.latest.values()), default=-1)
+
+    def state(self) -> tuple[str, str]:
+        """(running | completed | failed, detail)."""
+        codes = {device: p.exitcode for device, p in self.procs.items()}
+        failed = {d: c for d, c in codes.items() if c not in (None, 0)}
+        if failed:
+            return "failed", ", ".join(f"worker {d} exited with {c}" for d, c in sorted(failed.items()))
+        if all(c == 0 for c in codes.values()):
+            return "completed", ""
+        return "running", ""
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs.values():
+            proc.join(timeout=10)

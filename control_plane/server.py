@@ -1,0 +1,224 @@
+"""The grpc.aio server: thin servicers over ControlPlane, errors mapped to
+status codes in one place, standard health checking and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+
+from storage import queries
+from storage.db import Store, sqlite_url
+from storage.queries import NotFound
+
+from .planner.errors import PlanError, SpecError
+from .planner.plan import plan_from_dict
+from .service import ControlPlane, FailedPrecondition, InvalidArgument
+from .wire import plan_to_proto
+
+log = logging.getLogger("drover.server")
+
+STATUS_OF = [
+    ((SpecError, PlanError, InvalidArgument), grpc.StatusCode.INVALID_ARGUMENT),
+    ((NotFound,), grpc.StatusCode.NOT_FOUND),
+    ((FailedPrecondition,), grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+async def _abort_for(exc: Exception, context) -> None:
+    for kinds, code in STATUS_OF:
+        if isinstance(exc, kinds):
+            await context.abort(code, str(exc))
+    raise exc
+
+
+def map_errors(cls):
+    """Wrap every RPC of a servicer so domain errors become status codes, once."""
+    for name, method in list(vars(cls).items()):
+        if name.startswith("_") or not callable(method):
+            continue
+        if inspect.isasyncgenfunction(method):
+            @functools.wraps(method)
+            async def streaming(self, request, context, _method=method):
+                try:
+                    async for item in _method(self, request, context):
+                        yield item
+                except Exception as exc:  # noqa: BLE001 - mapped or re-raised
+                    await _abort_for(exc, context)
+            setattr(cls, name, streaming)
+        else:
+            @functools.wraps(method)
+            async def unary(self, request, context, _method=method):
+                try:
+                    return await _method(self, request, context)
+                except Exception as exc:  # noqa: BLE001 - mapped or re-raised
+                    await _abort_for(exc, context)
+            setattr(cls, name, unary)
+    return cls
+
+
+@map_errors
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+
+    async def Connect(self, requests, context):
+        first = await anext(aiter(requests), None)
+        if first is None or not first.HasField("hello"):
+            raise InvalidArgument("the first message of a stream must be a hello")
+        node = first.hello.node
+        outbox = self.cp.attach(node)
+        try:
+            await self.cp.hello(first.hello, outbox)
+            reader = asyncio.create_task(self._read(node, requests))
+            while True:
+                getter = asyncio.create_task(outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+                if reader in done:
+                    reader.result()  # raises what broke the stream
+                    return
+        finally:
+            await self.cp.disconnected(node, outbox)
+
+    async def _read(self, node: str, requests) -> None:
+        async for message in requests:
+            kind = message.WhichOneof("body")
+            if kind == "telemetry":
+                await self.cp.telemetry(node, message.telemetry)
+            elif kind == "status":
+                await self.cp.status(node, message.status)
+
+
+def _job(row) -> jobs_pb2.Job:
+    return jobs_pb2.Job(id=row.id, state=row.state, model_name=row.model_name, steps=row.steps, seed=row.seed,
+                        step=row.step, plan_version=row.plan_version, committed_plan_version=row.committed_plan_version,
+                        detail=row.detail, created=row.created, out_dir=row.out_dir)
+
+
+def _plan(row) -> jobs_pb2.PlanRecord:
+    return jobs_pb2.PlanRecord(job_id=row.job_id, version=row.version, reason=row.reason, committed=row.committed,
+                               created=row.created, plan=plan_to_proto(plan_from_dict(json.loads(row.plan_json))))
+
+
+def _node(session, row) -> jobs_pb2.Node:
+    return jobs_pb2.Node(name=row.name, connected=row.connected, drained=row.drained, last_seen=row.last_seen,
+                         devices=[d.id for d in queries.devices_of(session, row.name)],
+                         nics=[f"{n.name} ({n.type})" for n in queries.nics_of(session, row.name)])
+
+
+@map_errors
+class JobService(jobs_pb2_grpc.JobServiceServicer):
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self.read = cp.store.read
+
+    async def SubmitJob(self, request, context):
+        return _job(await self.cp.submit(request.job_yaml, request.base_dir, request.out_dir))
+
+    async def GetJob(self, request, context):
+        job = self.read(lambda s: queries.get_job(s, request.job_id))
+        live = self.cp.jobs.get(job.id)
+        if live is not None:  # the step in storage lags by one flush
+            job.step = max(job.step, live.step)
+        return _job(job)
+
+    async def ListJobs(self, request, context):
+        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in self.read(queries.jobs)])
+
+    async def CancelJob(self, request, context):
+        return _job(await self.cp.cancel(request.job_id))
+
+    async def WatchEvents(self, request, context):
+        self.read(lambda s: queries.get_job(s, request.job_id))
+        last = 0
+        while True:
+            await self.cp.flush()
+            for e in self.read(lambda s: queries.events(s, request.job_id, last)):
+                last = e.id
+                yield jobs_pb2.Event(time=e.time, step=e.step, job_id=e.job_id, kind=e.kind,
+                                     details_json=e.details_json)
+            if self.read(lambda s: queries.get_job(s, request.job_id)).state in ("completed", "failed", "cancelled"):
+                if not self.read(lambda s: queries.events(s, request.job_id, last)):
+                    return
+            await asyncio.sleep(0.2)
+
+    async def GetPlan(self, request, context):
+        return _plan(self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
+
+    async def ListPlans(self, request, context):
+        return jobs_pb2.ListPlansResponse(plans=[_plan(p) for p in self.read(lambda s: queries.plans(s, request.job_id))])
+
+    async def Replan(self, request, context):
+        version = await self.cp.replan(request.job_id, request.reason)
+        return _plan(self.read(lambda s: queries.get_plan(s, request.job_id, version)))
+
+    async def SetDetection(self, request, context):
+        self.cp.detection_paused = request.paused
+        return jobs_pb2.SetDetectionResponse(paused=request.paused)
+
+    async def DrainNode(self, request, context):
+        await self.cp.drain(request.node, True)
+        return self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+
+    async def UndrainNode(self, request, context):
+        await self.cp.drain(request.node, False)
+        return self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+
+    async def ListNodes(self, request, context):
+        return jobs_pb2.ListNodesResponse(nodes=self.read(lambda s: [_node(s, n) for n in queries.nodes(s)]))
+
+    async def QueryTelemetry(self, request, context):
+        if request.limit < 0:
+            raise InvalidArgument(f"limit = {request.limit}: an integer >= 0 (0 means 100)")
+        self.read(lambda s: queries.get_job(s, request.job_id))
+        await self.cp.flush()
+        rows = self.read(lambda s: queries.telemetry(s, request.job_id, request.device, request.limit or 100))
+        return jobs_pb2.QueryTelemetryResponse(points=[
+            jobs_pb2.TelemetryPoint(time=r.time, device=r.device, step=r.step,
+                                    compute_s_per_block=r.compute_s_per_block, rate=r.rate) for r in rows])
+
+    async def Straggle(self, request, context):
+        return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
+
+
+async def serve(db: str, address: str, ready=None) -> None:
+    """Run until cancelled. `db` is a SQLAlchemy URL or a SQLite file path."""
+    store = Store(db if "://" in db else sqlite_url(db))
+    cp = ControlPlane(store)
+    await cp.recover()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp), server)
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+             jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name, health.SERVICE_NAME,
+             reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(address)
+    await server.start()
+    for name in names[:2] + [""]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("control plane on port %d, database %s", port, db)
+    if ready is not None:
+        ready(port)
+    flusher = asyncio.create_task(cp.flush_forever())
+    try:
+        await server.wait_for_termination()
+    finally:
+        flusher.cancel()
+        await server.stop(grace=1)
+        await cp.flush()
+        store.close()

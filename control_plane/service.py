@@ -1,0 +1,399 @@
+"""The control plane's domain: jobs, agents, detection and plan rollout.
+
+Desired state vs observed state, as a Kubernetes controller: a job's plan
+version is the desired generation, the version every agent reports active
+is the observed one; a plan is committed when the two meet. After any
+reconnect an agent says what it runs and gets the full desired state back.
+Everything kept is in storage, so a restarted control plane picks up where
+the last one stopped. The gRPC servicers (server.py) only translate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drover.v1 import agent_pb2
+
+from storage import queries
+from storage.db import Store
+from storage.models import Job, NicSample, TelemetrySample
+
+from .detector import Detector, DetectorConfig
+from .jobfile import JobSpec, job_from_yaml
+from .planner.cluster import Cluster, Gpu, Nic, Node
+from .planner.cost import evaluate
+from .planner.plan import Plan, plan_from_dict
+from .planner.search import make_plan
+from .planner.simulate import migration_seconds
+from .wire import plan_to_proto
+
+TERMINAL = ("completed", "failed", "cancelled")
+MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
+AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
+
+
+class FailedPrecondition(RuntimeError):
+    """The request is well formed but the current state forbids it."""
+
+
+class InvalidArgument(ValueError):
+    """Input that names its field, value and what is allowed (from the wire, not a file)."""
+
+
+@dataclass
+class RunningJob:
+    """What the control plane keeps in memory about a job that runs."""
+    id: str
+    spec: JobSpec
+    ranks: dict[str, int]
+    nodes: list[str]
+    plan: Plan
+    version: int
+    committed: int
+    planned_rates: dict[str, float]
+    detector: Detector
+    step: int = -1
+    node_versions: dict[str, int] = field(default_factory=dict)
+    node_states: dict[str, str] = field(default_factory=dict)
+    reported: set = field(default_factory=set)  # straggler rates already announced
+    switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
+
+
+class ControlPlane:
+    def __init__(self, store: Store, detector: DetectorConfig = DetectorConfig(), restart_s: float = 300.0):
+        self.store = store
+        self.detector_config = detector
+        self.restart_s = restart_s
+        self.detection_paused = False
+        self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent
+        self.jobs: dict[str, RunningJob] = {}
+        self._lost: dict[str, asyncio.Task] = {}
+
+    # -- start-up and background work ---------------------------------------------
+
+    async def recover(self) -> None:
+        """Rebuild running jobs from storage (after a restart)."""
+        def load(session):
+            for node in queries.nodes(session):
+                node.connected = False  # until its agent says hello again
+            return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session)
+                    if job.state == "running"]
+        for job, plan_row in await self.store.write(load):
+            spec = job_from_yaml(job.model_yaml, source=f"job {job.id}")
+            ranks = json.loads(job.ranks_json)
+            self.jobs[job.id] = RunningJob(
+                job.id, spec, ranks, sorted({d.split("/")[0] for d in ranks}),
+                plan_from_dict(json.loads(plan_row.plan_json)), plan_row.version, job.committed_plan_version,
+                json.loads(plan_row.rates_json), Detector(self.detector_config), step=job.step)
+
+    async def flush_forever(self, every_s: float = 0.25) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        await self.store.flush_samples()
+        steps = {j.id: j.step for j in self.jobs.values()}
+        if steps:
+            def save(session):
+                for job_id, step in steps.items():
+                    queries.get_job(session, job_id).step = step
+            await self.store.write(save)
+
+    # -- agents ---------------------------------------------------------------------
+
+    def attach(self, node: str) -> asyncio.Queue:
+        self.outboxes[node] = asyncio.Queue()
+        if node in self._lost:
+            self._lost.pop(node).cancel()
+        return self.outboxes[node]
+
+    async def hello(self, hello: agent_pb2.Hello, queue: asyncio.Queue) -> None:
+        if not hello.node or "/" in hello.node:
+            raise InvalidArgument(f"hello.node = {hello.node!r}: a non-empty node name without '/'")
+        devices = [{"id": d.id, "kind": d.kind, "name": d.name, "memory_gib": d.memory_gib, "tflops": d.tflops}
+                   for d in hello.devices]
+        for d in devices:
+            if not d["id"].startswith(hello.node + "/"):
+                raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
+        nics = [{"name": n.name, "type": n.type, "gbps": n.gbps} for n in hello.nics]
+        await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
+        running_here = {j.job_id: j for j in hello.jobs if j.state == "running"}
+        for ended in (j for j in hello.jobs if j.state in ("completed", "failed")):
+            await self.status(hello.node, ended)  # it may have ended while we were away
+        for job in list(self.jobs.values()):
+            if hello.node not in job.nodes:
+                continue
+            if job.node_states.get(hello.node) == "completed":
+                continue
+            if job.id not in running_here:
+                await self._fail(job, f"node {hello.node} came back without the job's workers")
+                continue
+            job.node_versions[hello.node] = running_here[job.id].active_plan_version
+            if job.node_versions[hello.node] < job.version:  # level-triggered: resend the desired state
+                queue.put_nowait(self._plan_update(job))
+
+    async def disconnected(self, node: str, queue: asyncio.Queue) -> None:
+        if self.outboxes.get(node) is queue:
+            del self.outboxes[node]
+        await self.store.write(lambda s: queries.set_connected(s, node, False))
+        if any(node in j.nodes for j in self.jobs.values()):
+            self._lost[node] = asyncio.create_task(self._give_up_on(node))
+
+    async def _give_up_on(self, node: str) -> None:
+        await asyncio.sleep(AGENT_GRACE_S)
+        for job in list(self.jobs.values()):
+            if node in job.nodes:
+                await self._event(job, "node_lost", {"node": node, "after_s": AGENT_GRACE_S})
+                await self._fail(job, f"node {node} stopped reporting; recovering from lost devices is not "
+                                      f"supported yet")
+
+    async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
+        _check_telemetry(message)
+        job = self.jobs.get(message.job_id)
+        rows = []
+        for s in message.devices:
+            rows.append(TelemetrySample(job_id=message.job_id, device=s.device, time=message.time, step=s.step,
+                                        compute_s_per_block=s.compute_s_per_block, p2p_wait_s=s.p2p_wait_s,
+                                        grad_sync_s=s.grad_sync_s, samples_per_s=s.samples_per_s))
+            if job is not None:
+                job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
+                job.step = max(job.step, s.step)
+        rows += [NicSample(node=node, nic=n.nic, time=message.time, tx_bytes_per_s=n.tx_bytes_per_s,
+                           rx_bytes_per_s=n.rx_bytes_per_s) for n in message.nics]
+        if job is not None:
+            rates = job.detector.rates()
+            for row in rows[:len(message.devices)]:
+                row.rate = rates.get(row.device, 1.0)
+        self.store.buffer_samples(rows)
+        if job is None:
+            return
+        for m in message.migrations:
+            job.switched_at[m.plan_version] = m.step
+            await self._event(job, "migration_done", {"version": m.plan_version, "bytes_moved": m.bytes_moved,
+                                                      "blocks_moved": m.blocks_moved, "seconds": m.seconds},
+                              step=m.step)
+        job.node_versions[node] = message.active_plan_version
+        await self._maybe_commit(job)
+        await self._maybe_replan(job)
+
+    async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
+        job = self.jobs.get(status.job_id)
+        if job is None:
+            return
+        job.node_states[node] = status.state
+        if status.state == "failed":
+            await self._event(job, "workers_failed", {"node": node, "detail": status.detail})
+            await self._fail(job, f"workers on {node} failed: {status.detail}")
+        elif all(job.node_states.get(n) == "completed" for n in job.nodes):
+            job.step = max(job.step, job.spec.steps - 1)
+            await self._event(job, "job_completed", {})
+            await self._finish(job, "completed", "")
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def submit(self, job_yaml: str, base_dir: str, out_dir: str) -> Job:
+        spec = job_from_yaml(job_yaml, base_dir or ".", "job_yaml")
+        nodes = await self.store.write(lambda s: [
+            (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
+            for n in queries.nodes(s) if n.connected and not n.drained and n.name in self.outboxes])
+        nodes = [n for n in nodes if n[1]]
+        if not nodes:
+            raise FailedPrecondition("no connected, undrained node with devices: start agents first")
+        cluster = cluster_of(nodes)
+        plan = make_plan(cluster, spec.model, "drover")
+        devices = [d.id for d in cluster.devices]
+        ranks = {d: i for i, d in enumerate(devices)}
+        job_id = f"job-{int(time.time() * 1000) % 10**10}"
+        out = Path(out_dir or f"drover-out/{job_id}").resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
+        port = _free_port()
+
+        def create(session):
+            session.add(Job(id=job_id, state="running", model_yaml=model_yaml, model_name=spec.model.name,
+                            steps=spec.steps, seed=spec.seed, out_dir=str(out), created=time.time(),
+                            ranks_json=json.dumps(ranks), master_addr="127.0.0.1", master_port=port))
+            session.flush()
+            queries.add_plan(session, job_id, plan.to_dict(), "initial plan", {})
+            queries.add_event(session, job_id, 0, "job_started", {"nodes": [n for n, _, _ in nodes],
+                                                                   "devices": devices, "version": 1})
+            return queries.get_job(session, job_id)
+        job_row = await self.store.write(create)
+        job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {},
+                         Detector(self.detector_config))
+        self.jobs[job_id] = job
+        start = agent_pb2.StartJob(job_id=job_id, model_yaml=json.dumps(spec.model_data), steps=spec.steps,
+                                   seed=spec.seed, world_size=len(devices), ranks=ranks, master_addr="127.0.0.1",
+                                   master_port=port, plan_version=1, plan=plan_to_proto(plan), out_dir=str(out))
+        for node in job.nodes:
+            self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))
+        return job_row
+
+    async def cancel(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            row = await self.store.write(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
+            raise FailedPrecondition(f"job {job_id} is {row.state}; only a running job can be cancelled")
+        for node in job.nodes:
+            if node in self.outboxes:
+                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(
+                    command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job_id))))
+        await self._event(job, "job_cancelled", {})
+        return await self._finish(job, "cancelled", "cancelled by request")
+
+    async def replan(self, job_id: str, reason: str) -> int:
+        job = self._running(job_id)
+        return await self._push(job, job.detector.rates(), reason or "forced by request")
+
+    async def straggle(self, device: str, rate: float, from_step: int) -> str:
+        if not (math.isfinite(rate) and rate >= 1.0):
+            raise InvalidArgument(f"rate = {rate!r}: a finite number >= 1.0 (1.0 restores the device)")
+        if from_step < 0:
+            raise InvalidArgument(f"from_step = {from_step}: an integer >= 0")
+        row = await self.store.write(lambda s: queries.get_device(s, device))
+        if row.node not in self.outboxes:
+            raise FailedPrecondition(f"node {row.node} of {device} is not connected")
+        self.outboxes[row.node].put_nowait(agent_pb2.ControlMessage(command=agent_pb2.Command(
+            straggle=agent_pb2.Straggle(device=device, rate=rate, from_step=from_step))))
+        return row.node
+
+    async def drain(self, node: str, drained: bool):
+        def update(session):
+            row = queries.get_node(session, node)
+            row.drained = drained
+            return row
+        return await self.store.write(update)
+
+    def _running(self, job_id: str) -> RunningJob:
+        if job_id not in self.jobs:
+            row = self.store.read(lambda s: queries.get_job(s, job_id))
+            raise FailedPrecondition(f"job {job_id} is {row.state}, not running")
+        return self.jobs[job_id]
+
+    # -- the loop: detect, decide, push, commit -----------------------------------------
+
+    async def _maybe_replan(self, job: RunningJob) -> None:
+        if self.detection_paused or job.committed < job.version:
+            return  # one rollout at a time
+        rates = job.detector.rates()
+        moved = job.detector.moved(job.planned_rates, rates)
+        if not moved:
+            return
+        for device, rate in moved.items():
+            if rate > 1.0 and (device, rate) not in job.reported:
+                job.reported.add((device, rate))
+                await self._event(job, "straggler_detected", {"device": device, "rate": rate})
+        cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
+        candidate = make_plan(cluster, job.spec.model, "drover")
+        remaining = max(0, job.spec.steps - job.step - 1)
+        gain = (evaluate(job.plan, cluster, job.spec.model).step_time_s
+                - evaluate(candidate, cluster, job.spec.model).step_time_s) * remaining
+        cost = migration_seconds(job.plan, candidate, cluster, job.spec.model, self.restart_s)
+        if gain > cost:
+            await self._push(job, rates, f"rates moved: {moved}; predicted gain {gain:.3g} s over {remaining} "
+                                         f"steps > migration {cost:.3g} s", candidate)
+        else:
+            job.planned_rates = rates  # settled: do not reconsider until rates move again
+            await self._event(job, "replan_skipped", {"rates": moved, "gain_s": gain, "migration_s": cost})
+
+    async def _push(self, job: RunningJob, rates: dict[str, float], reason: str, plan: Plan | None = None) -> int:
+        if plan is None:
+            cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
+            plan = make_plan(cluster, job.spec.model, "drover")
+        row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
+        job.plan, job.version, job.planned_rates = plan, row.version, rates
+        await self._event(job, "plan_pushed", {"version": row.version, "reason": reason})
+        for node in job.nodes:
+            if node in self.outboxes:
+                self.outboxes[node].put_nowait(self._plan_update(job))
+        return row.version
+
+    async def _maybe_commit(self, job: RunningJob) -> None:
+        observed = min(job.node_versions.get(n, 0) for n in job.nodes)
+        if observed >= job.version > job.committed:
+            version = job.version
+            await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
+            job.committed = version
+            for device in job.ranks:  # work per device changed: measure afresh
+                job.detector.forget(device)
+            await self._event(job, "plan_committed", {"version": version, "plan": job.plan.to_dict()},
+                              step=job.switched_at.get(version))
+
+    def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
+        return agent_pb2.ControlMessage(plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version,
+                                                                  plan=plan_to_proto(job.plan)))
+
+    def _cluster(self, job: RunningJob) -> Cluster:
+        nodes = self.store.read(lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes])
+        return cluster_of(nodes)
+
+    async def _fail(self, job: RunningJob, detail: str) -> None:
+        for node in job.nodes:
+            if node in self.outboxes:
+                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(
+                    command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id))))
+        await self._event(job, "job_failed", {"reason": detail})
+        await self._finish(job, "failed", detail)
+
+    async def _finish(self, job: RunningJob, state: str, detail: str) -> Job:
+        self.jobs.pop(job.id, None)
+
+        def update(session):
+            row = queries.get_job(session, job.id)
+            row.state, row.detail, row.step = state, detail, job.step
+            return row
+        return await self.store.write(update)
+
+    async def _event(self, job: RunningJob, kind: str, details: dict, step: int | None = None) -> None:
+        at = job.step if step is None else step
+        await self.store.write(lambda s: queries.add_event(s, job.id, at, kind, details))
+
+
+def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
+    """The planner's view of agents' nodes: devices as GPUs, NICs as links."""
+    out = []
+    for name, devices, nics in nodes:
+        first = devices[0]
+        rdma = tuple(Nic(n.type, n.gbps or 100.0) for n in nics if n.type in ("infiniband", "roce"))
+        ethernet = max([n.gbps for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
+        # CPU workers talk through gloo over loopback, which is latency-bound: about 1 Gbps
+        # effective for the small messages of tensor and pipeline parallelism.
+        intra = 1.0 if first.kind == "cpu" else 2400.0
+        if first.kind == "cpu":
+            ethernet = min(ethernet, 1.0)
+        out.append(Node(name, len(devices), Gpu(first.name or first.kind, first.tflops or 0.05,
+                                                first.memory_gib or 16.0),
+                        intra_gbps=intra, ethernet_gbps=ethernet, nics=rdma))
+    return Cluster("agents", tuple(out))
+
+
+def _check_telemetry(message: agent_pb2.Telemetry) -> None:
+    def check(path: str, value: float, limit: float = math.inf) -> None:
+        if not (math.isfinite(value) and 0.0 <= value <= limit):
+            raise InvalidArgument(f"telemetry.{path} = {value!r}: a finite number >= 0"
+                                  + (f" and <= {limit:g}" if math.isfinite(limit) else ""))
+    check("time", message.time)
+    for i, s in enumerate(message.devices):
+        if not s.device:
+            raise InvalidArgument(f"telemetry.devices[{i}].device = '': a device id NODE/INDEX")
+        check(f"devices[{i}].compute_s_per_block", s.compute_s_per_block, MAX_COMPUTE_S)
+        for name in ("p2p_wait_s", "grad_sync_s", "samples_per_s", "utilization", "memory_used_gib"):
+            check(f"devices[{i}].{name}", getattr(s, name))
+        if s.step < 0:
+            raise InvalidArgument(f"telemetry.devices[{i}].step = {s.step}: an integer >= 0")
+    for i, n in enumerate(message.nics):
+        check(f"nics[{i}].tx_bytes_per_s", n.tx_bytes_per_s)
+        check(f"nics[{i}].rx_bytes_per_s", n.rx_bytes_per_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
