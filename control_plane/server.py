@@ -193,8 +193,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
 
 
-async def serve(db: str, address: str, ready=None) -> None:
-    """Run until cancelled. `db` is a SQLAlchemy URL or a SQLite file path."""
+async def start_server(db: str, address: str) -> tuple[grpc.aio.Server, ControlPlane, int]:
+    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path."""
     store = Store(db if "://" in db else sqlite_url(db))
     cp = ControlPlane(store)
     await cp.recover()
@@ -211,14 +211,22 @@ async def serve(db: str, address: str, ready=None) -> None:
     await server.start()
     for name in names[:2] + [""]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    cp.flusher = asyncio.create_task(cp.flush_forever())
     log.info("control plane on port %d, database %s", port, db)
-    if ready is not None:
-        ready(port)
-    flusher = asyncio.create_task(cp.flush_forever())
+    return server, cp, port
+
+
+async def stop_server(server: grpc.aio.Server, cp: ControlPlane) -> None:
+    cp.flusher.cancel()
+    await server.stop(grace=1)
+    await cp.flush()
+    cp.store.close()
+
+
+async def serve(db: str, address: str) -> None:
+    """Run until cancelled."""
+    server, cp, _ = await start_server(db, address)
     try:
         await server.wait_for_termination()
     finally:
-        flusher.cancel()
-        await server.stop(grace=1)
-        await cp.flush()
-        store.close()
+        await stop_server(server, cp)

@@ -74,6 +74,7 @@ class ControlPlane:
         self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
+        self.flusher: asyncio.Task | None = None
 
     # -- start-up and background work ---------------------------------------------
 
@@ -157,6 +158,9 @@ class ControlPlane:
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         _check_telemetry(message)
         job = self.jobs.get(message.job_id)
+        if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
+            raise FailedPrecondition(f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
+                                     f"has no plan version above {job.version} (a stale or foreign agent?)")
         rows = []
         for s in message.devices:
             rows.append(TelemetrySample(job_id=message.job_id, device=s.device, time=message.time, step=s.step,

@@ -1,0 +1,175 @@
+"""The whole system with real processes: a control plane, agents, CPU
+workers over gloo, gRPC on loopback and a SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from conftest import ROOT
+from agent.runtime.launch import train_reference
+from control_plane.jobfile import load_job
+from control_plane.service import _free_port
+from drover.v1 import jobs_pb2, jobs_pb2_grpc
+
+DROVER = [sys.executable, "-m", "control_plane"]
+TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
+
+
+def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
+    spec = load_job(job_file)
+    train_reference(spec.model, spec.steps, spec.seed, tmp / "reference")
+    want, got = torch.load(tmp / "reference" / "model.pt"), torch.load(out / "model.pt")
+    assert want.keys() == got.keys()
+    for key in want:
+        assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
+
+
+def events_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
+    out = tmp_path / "up"
+    run = subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", "2", "--job", str(TINY_JOB),
+                                   "--straggle", "node-1/0=3@6", "--out", str(out)],
+                         capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = events_of(out)
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
+    detected = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"]
+    assert detected and detected[0]["rate"] >= 2.0 and detected[0]["step"] >= 6
+    committed = [e for e in events if e["kind"] == "plan_committed" and e["version"] >= 2]
+    assert committed and committed[0]["step"] >= 6
+    assert any(e["kind"] == "migration_done" for e in events)
+    trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in trace] == list(range(load_job(TINY_JOB).steps))
+    assert (out / "drover.db").exists() and "database:" in run.stdout
+    assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
+class LocalCluster:
+    def __init__(self, tmp: Path, nodes: int = 2, devices: int = 2):
+        self.tmp, self.port = tmp, _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.logs = tmp / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.server = self._server()
+        self.agents = [subprocess.Popen(DROVER + ["agent", "--control-plane", self.address, "--node", f"node-{i}",
+                                                  "--cpu-devices", str(devices), "--interval", "0.25",
+                                                  "--work-dir", str(tmp / "agents")],
+                                        stdout=open(self.logs / f"agent-{i}.log", "a"), stderr=subprocess.STDOUT)
+                       for i in range(nodes)]
+        self.stub = jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(self.address))
+        self.wait_until(lambda: sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest()).nodes)
+                        == nodes)
+
+    def _server(self) -> subprocess.Popen:
+        return subprocess.Popen(DROVER + ["server", "--db", str(self.tmp / "drover.db"), "--listen", self.address],
+                                stdout=open(self.logs / "server.log", "a"), stderr=subprocess.STDOUT)
+
+    def restart_server(self) -> None:
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
+        self.server = self._server()
+
+    def wait_until(self, predicate, timeout_s: float = 120.0):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; logs in {self.logs}")
+
+    def job(self, job_id: str) -> jobs_pb2.Job:
+        return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+
+    def stop(self) -> None:
+        for proc in self.agents + [self.server]:
+            proc.send_signal(signal.SIGINT)
+        for proc in self.agents + [self.server]:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def local_cluster(tmp_path):
+    clusters = []
+
+    def make(**kwargs) -> LocalCluster:
+        clusters.append(LocalCluster(tmp_path, **kwargs))
+        return clusters[-1]
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 60\nseed: 4\n")
+    c = local_cluster()
+    out = tmp_path / "out"
+    job = c.stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_file.read_text(), base_dir=str(tmp_path),
+                                                     out_dir=str(out)))
+    c.wait_until(lambda: c.job(job.id).committed_plan_version == 1 and c.job(job.id).step >= 3)
+    step_before = c.job(job.id).step
+    c.restart_server()
+    c.wait_until(lambda: c.job(job.id).state == "running")  # it knows the job from SQLite
+    plans = c.stub.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id)).plans
+    assert [p.version for p in plans] == [1] and plans[0].committed
+    c.wait_until(lambda: sum(n.connected for n in c.stub.ListNodes(jobs_pb2.ListNodesRequest()).nodes) == 2)
+    newest = max(p.version for p in c.stub.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id)).plans)
+    forced = c.stub.Replan(jobs_pb2.ReplanRequest(job_id=job.id, reason="after restart"))
+    assert forced.version == newest + 1 >= 2  # the next version, never a reused one
+    c.wait_until(lambda: c.job(job.id).committed_plan_version >= forced.version)
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != "running" else None, 300)
+    assert final.state == "completed", final.detail
+    trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert len(trace) == 60 and trace[-1]["step"] > step_before
+    assert_equals_reference(out, job_file, tmp_path)
+
+
+def _workers_of(agent_pid: int) -> list[int]:
+    """The agent's workers: the children of the forkserver it started."""
+    parent, cmdline = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue
+    servers = [p for p, pp in parent.items() if pp == agent_pid and "forkserver" in cmdline.get(p, "")]
+    return sorted(p for p, pp in parent.items() if pp in servers)
+
+
+def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 400\nseed: 1\n")
+    c = local_cluster()
+    job = c.stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_file.read_text(), base_dir=str(tmp_path),
+                                                     out_dir=str(tmp_path / "out")))
+    c.wait_until(lambda: c.job(job.id).step >= 3)
+    workers = _workers_of(c.agents[1].pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != "running" else None, 120)
+    assert final.state == "failed" and "exited" in final.detail
+    kinds = [e.kind for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
+    assert "workers_failed" in kinds and kinds[-1] == "job_failed"
