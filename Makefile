@@ -6,7 +6,7 @@ BIN     = $(VENV)/bin
 .PHONY: run test bench clean
 
 run: $(VENV)/.installed
-	$(BIN)/drover plan --cluster examples/clusters/a100-64-stragglers.yaml --model examples/models/gpt-7b.yaml
+	$(BIN)/drover up --nodes 2 --devices-per-node 2 --job examples/jobs/tiny.yaml --straggle node-1/0=3@10 --out out/up
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
@@ -15,6 +15,8 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/migration.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/loop.py
+	$(BIN)/python bench/ingest.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -38,11 +38,6 @@ class Detector:
         self._compute[device].append(compute_s_per_block)
         self._waits[device].append(p2p_wait_s)
 
-    def forget(self, device: str) -> None:
-        """Start a device's window afresh (its work changed with a new plan)."""
-        self._compute.pop(device, None)
-        self._waits.pop(device, None)
-
     def rates(self) -> dict[str, float]:
         """Straggling rate per device with a full window; healthy ones are 1.0."""
         full = {d: statistics.median(v) for d, v in self._compute.items() if len(v) == self.config.window}
