@@ -162,21 +162,19 @@ class ControlPlane:
         if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
             raise FailedPrecondition(f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
                                      f"has no plan version above {job.version} (a stale or foreign agent?)")
-        rows = []
-        for s in message.devices:
-            rows.append(TelemetrySample(job_id=message.job_id, device=s.device, time=message.time, step=s.step,
-                                        compute_s_per_block=s.compute_s_per_block, p2p_wait_s=s.p2p_wait_s,
-                                        grad_sync_s=s.grad_sync_s, samples_per_s=s.samples_per_s))
-            if job is not None:
+        rates = {}
+        if job is not None:
+            for s in message.devices:
                 job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
                 job.step = max(job.step, s.step)
-        rows += [NicSample(node=node, nic=n.nic, time=message.time, tx_bytes_per_s=n.tx_bytes_per_s,
-                           rx_bytes_per_s=n.rx_bytes_per_s) for n in message.nics]
-        if job is not None:
             rates = job.detector.rates()
-            for row in rows[:len(message.devices)]:
-                row.rate = rates.get(row.device, 1.0)
-        self.store.buffer_samples(rows)
+        self.store.buffer_samples(TelemetrySample, [
+            {"job_id": message.job_id, "device": s.device, "time": message.time, "step": s.step,
+             "compute_s_per_block": s.compute_s_per_block, "p2p_wait_s": s.p2p_wait_s, "grad_sync_s": s.grad_sync_s,
+             "samples_per_s": s.samples_per_s, "rate": rates.get(s.device, 1.0)} for s in message.devices])
+        self.store.buffer_samples(NicSample, [
+            {"node": node, "nic": n.nic, "time": message.time, "tx_bytes_per_s": n.tx_bytes_per_s,
+             "rx_bytes_per_s": n.rx_bytes_per_s} for n in message.nics])
         if job is None:
             return
         for m in message.migrations:

@@ -4,17 +4,20 @@ SQLite by default (any SQLAlchemy URL works). With SQLite the database runs
 in WAL mode so readers never wait for the writer; every write goes through
 `Store.write`, which runs it on one dedicated thread, so writes never race
 and each is one transaction: it happens whole or not at all. Telemetry is
-buffered and written in batches, and a retention rule bounds its growth.
+buffered and written in batches, and a retention rule bounds its growth:
+raw samples older than `retention_s` are dropped (the history that matters
+for decisions, plans and events, is kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-from sqlalchemy import create_engine, delete, event, func, select
+from sqlalchemy import create_engine, delete, event, func, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,7 +25,8 @@ from .models import Base, NicSample, TelemetrySample
 
 T = TypeVar("T")
 
-TELEMETRY_KEEP_PER_DEVICE = 2_000  # raw samples kept per (job, device); older ones are dropped
+TELEMETRY_RETENTION_S = 3_600.0  # raw samples older than this are dropped
+TRIM_EVERY_S = 10.0  # how often the retention rule runs (one indexed DELETE per table)
 
 
 def make_engine(url: str) -> Engine:
@@ -45,13 +49,14 @@ def sqlite_url(path: str) -> str:
 
 
 class Store:
-    def __init__(self, url: str, keep_per_device: int = TELEMETRY_KEEP_PER_DEVICE):
+    def __init__(self, url: str, retention_s: float = TELEMETRY_RETENTION_S):
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")
         self._pending: list = []
         self._pending_lock = threading.Lock()
-        self.keep_per_device = keep_per_device
+        self.retention_s = retention_s
+        self._last_trim = 0.0
 
     # -- writes: one thread, one transaction each -----------------------------
 
@@ -67,34 +72,29 @@ class Store:
 
     # -- telemetry: buffered, written in batches -------------------------------
 
-    def buffer_samples(self, rows: list) -> None:
-        """Queue TelemetrySample / NicSample rows for the next flush."""
+    def buffer_samples(self, model, rows: list[dict]) -> None:
+        """Queue rows (column -> value) of TelemetrySample or NicSample for the next flush."""
         with self._pending_lock:
-            self._pending.extend(rows)
+            self._pending.extend((model, row) for row in rows)
 
     async def flush_samples(self) -> int:
         with self._pending_lock:
             rows, self._pending = self._pending, []
-        if rows:
-            await self.write(lambda s: self._insert_and_trim(s, rows))
+        trim = time.time() - self._last_trim >= TRIM_EVERY_S
+        if rows or trim:
+            await self.write(lambda s: self._insert_and_trim(s, rows, trim))
         return len(rows)
 
-    def _insert_and_trim(self, session: Session, rows: list) -> None:
-        session.add_all(rows)
-        session.flush()
-        series = {(TelemetrySample, (r.job_id, r.device)) for r in rows if isinstance(r, TelemetrySample)}
-        series |= {(NicSample, (r.node, r.nic)) for r in rows if isinstance(r, NicSample)}
-        for model, key in series:
-            self._trim(session, model, key)
-
-    def _trim(self, session: Session, model, key: tuple) -> None:
-        """Keep the newest `keep_per_device` rows of one series."""
-        columns = (model.job_id, model.device) if model is TelemetrySample else (model.node, model.nic)
-        match = [column == value for column, value in zip(columns, key)]
-        cutoff = session.scalar(select(model.id).where(*match).order_by(model.id.desc())
-                                .offset(self.keep_per_device).limit(1))
-        if cutoff is not None:
-            session.execute(delete(model).where(*match, model.id <= cutoff))
+    def _insert_and_trim(self, session: Session, rows: list, trim: bool) -> None:
+        for model in (TelemetrySample, NicSample):
+            batch = [row for kind, row in rows if kind is model]
+            if batch:  # one executemany per table: thousands of rows a second stay cheap
+                session.execute(insert(model), batch)
+        if trim:
+            self._last_trim = time.time()
+            cutoff = self._last_trim - self.retention_s
+            for model in (TelemetrySample, NicSample):
+                session.execute(delete(model).where(model.time < cutoff))
 
     # -- reads ------------------------------------------------------------------
 

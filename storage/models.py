@@ -80,7 +80,7 @@ class TelemetrySample(Base):
     grad_sync_s: Mapped[float] = mapped_column(Float, default=0.0)
     samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     rate: Mapped[float] = mapped_column(Float, default=1.0)
-    __table_args__ = (Index("telemetry_by_device", "job_id", "device", "id"),)
+    __table_args__ = (Index("telemetry_by_device", "job_id", "device", "id"), Index("telemetry_by_time", "time"))
 
 
 class NicSample(Base):
@@ -91,7 +91,7 @@ class NicSample(Base):
     time: Mapped[float] = mapped_column(Float)
     tx_bytes_per_s: Mapped[float] = mapped_column(Float)
     rx_bytes_per_s: Mapped[float] = mapped_column(Float)
-    __table_args__ = (Index("nic_samples_by_nic", "node", "nic", "id"),)
+    __table_args__ = (Index("nic_samples_by_nic", "node", "nic", "id"), Index("nic_samples_by_time", "time"))
 
 
 class Event(Base):

@@ -21,7 +21,7 @@ def new_job(session, job_id="j1"):
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(sqlite_url(tmp_path / "drover.db"), keep_per_device=5)
+    s = Store(sqlite_url(tmp_path / "drover.db"), retention_s=60.0)
     yield s
     s.close()
 
@@ -56,16 +56,18 @@ def test_failed_write_leaves_nothing_half_written(store):
     assert store.read(lambda s: queries.get_job(s, "j1")).plan_version == 0
 
 
-def test_telemetry_batched_and_bounded(store):
+def test_telemetry_batched_and_bounded_by_age(store):
+    now = time.time()
+
     async def run():
-        for step in range(12):
-            store.buffer_samples([TelemetrySample(job_id="j1", device="n/0", time=time.time(), step=step,
-                                                  compute_s_per_block=0.1)])
-            if step % 4 == 3:
-                await store.flush_samples()
+        for step in range(12):  # steps 0-5 are two minutes old, past the 60 s retention
+            age = 120.0 if step < 6 else 0.0
+            store.buffer_samples(TelemetrySample, [dict(job_id="j1", device="n/0", time=now - age, step=step,
+                                                        compute_s_per_block=0.1)])
+        assert await store.flush_samples() == 12
     asyncio.run(run())
     kept = store.read(lambda s: queries.telemetry(s, "j1", "n/0"))
-    assert [t.step for t in kept] == [11, 10, 9, 8, 7]
+    assert [t.step for t in kept] == [11, 10, 9, 8, 7, 6]
 
 
 def test_concurrent_writers_serialized(store):

@@ -1,0 +1,164 @@
+"""Control-plane ingest: many emulated agents streaming telemetry to one
+`drover server` process (real gRPC on loopback, real SQLite file).
+
+Each emulated agent opens the agent stream, says hello with 8 devices and
+sends one telemetry message a second (8 device samples) at a random phase.
+Reports the sustained rate, whether any sample was lost, the lag from send
+to stored (read back from the database every 100 ms), and the server's CPU
+and memory. Prints JSON.
+
+    python bench/ingest.py [--agents 1000] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from control_plane.service import _free_port  # noqa: E402
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc  # noqa: E402
+
+DEVICES = 8
+CHANNELS = 20  # streams spread over several HTTP/2 connections, as separate agents would be
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def agent(stub, index: int, seconds: float, sent: list[int], start_gate: asyncio.Event) -> None:
+    node = f"emu-{index}"
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent_version="bench", devices=[
+        agent_pb2.Device(id=f"{node}/{i}", kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
+        for i in range(DEVICES)])))
+
+    async def requests():
+        while True:
+            message = await queue.get()
+            if message is None:
+                return
+            yield message
+    call = stub.Connect(requests())
+    reader = asyncio.create_task(_drain(call))
+    await start_gate.wait()
+    await asyncio.sleep(random.random())  # agents are not in lock step
+    end = time.time() + seconds
+    step = 0
+    while time.time() < end:
+        queue.put_nowait(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
+            time=time.time(), job_id="", devices=[
+                agent_pb2.DeviceSample(device=f"{node}/{i}", step=step, compute_s_per_block=0.01 + 0.001 * i)
+                for i in range(DEVICES)])))
+        sent[0] += 1
+        step += 1
+        await asyncio.sleep(1.0)
+    queue.put_nowait(None)
+    reader.cancel()
+
+
+async def _drain(call) -> None:
+    async for _ in call:
+        pass
+
+
+def poll_lags(db: Path, stop: list[bool], lags: list[float]) -> None:
+    last = 0
+    connection = sqlite3.connect(db, timeout=10)
+    while not stop[0]:
+        now = time.time()
+        try:
+            rows = connection.execute("SELECT id, time FROM telemetry WHERE id > ? ORDER BY id", (last,)).fetchall()
+        except sqlite3.OperationalError:  # the table appears with the server's first write
+            rows = []
+        for row_id, sent_at in rows:
+            lags.append(now - sent_at)
+            last = row_id
+        time.sleep(0.1)
+
+
+async def main_async(args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "ingest.db"
+        address = f"127.0.0.1:{_free_port()}"
+        server = subprocess.Popen([sys.executable, "-m", "control_plane", "server", "--db", str(db), "--listen",
+                                   address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
+            for ch in channels:
+                await asyncio.wait_for(ch.channel_ready(), 30)
+            stubs = [agent_pb2_grpc.AgentServiceStub(ch) for ch in channels]
+            sent, gate = [0], asyncio.Event()
+            tasks = [asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate))
+                     for i in range(args.agents)]
+            jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
+            hello_start = time.time()
+            while sum(n.connected for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes) < args.agents:
+                await asyncio.sleep(0.5)  # measure the steady state, not the hellos of the connection storm
+            hellos_s = time.time() - hello_start
+            stop, lags = [False], []
+            poller = asyncio.get_running_loop().run_in_executor(None, poll_lags, db, stop, lags)
+            cpu0, t0 = cpu_seconds(server.pid), time.time()
+            gate.set()
+            rss = []
+            while not all(t.done() for t in tasks):
+                rss.append(rss_mib(server.pid))
+                await asyncio.sleep(1)
+            elapsed = time.time() - t0
+            cpu = cpu_seconds(server.pid) - cpu0
+            await asyncio.sleep(2)  # the last flush
+            stop[0] = True
+            await poller
+            stored = sqlite3.connect(db).execute("SELECT count(*) FROM telemetry").fetchone()[0]
+            for ch in channels:
+                await ch.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    lags.sort()
+    return {
+        "agents": args.agents, "devices_per_agent": DEVICES, "seconds": args.seconds,
+        "seconds_until_every_agent_registered": hellos_s,
+        "messages_sent": sent[0], "samples_sent": sent[0] * DEVICES, "samples_stored": stored,
+        "lost": sent[0] * DEVICES - stored,
+        "sustained_messages_per_s": sent[0] / elapsed, "sustained_samples_per_s": stored / elapsed,
+        "lag_s": {"p50": statistics.median(lags) if lags else None,
+                  "p99": lags[int(0.99 * (len(lags) - 1))] if lags else None, "max": lags[-1] if lags else None},
+        "target_lag_p99_below_s": 1.0,
+        "server_cpu_cores": cpu / elapsed, "server_rss_mib_max": max(rss, default=0.0),
+        "note": "lag is read back from the database every 100 ms, so it is an upper bound by up to 0.1 s",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=1))
+
+
+if __name__ == "__main__":
+    main()
