@@ -16,10 +16,6 @@ from .cli import cli, plan
 from .render import table
 
 
-def _stub(ctx):
-    return client.connect(ctx.obj["address"])
-
-
 def _print(message, as_json: bool, render) -> None:
     click.echo(client.to_json(message) if as_json else render(message))
 
@@ -31,6 +27,12 @@ def _job_rows(jobs) -> str:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def _system_command(fn):
+    """A command that talks to the control plane at --control-plane (or $DROVER_CONTROL_PLANE)."""
+    return click.option("--control-plane", "address", default=client.DEFAULT_ADDRESS, show_default=True,
+                        envvar="DROVER_CONTROL_PLANE", help="host:port of the control plane.")(fn)
 
 
 @cli.command()
@@ -63,20 +65,16 @@ def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: 
 
 
 @cli.group()
-@click.option("--control-plane", "address", default=client.DEFAULT_ADDRESS, show_default=True,
-              envvar="DROVER_CONTROL_PLANE")
-@click.pass_context
-def job(ctx, address: str) -> None:
+def job() -> None:
     """Submit, list, follow and cancel jobs."""
-    ctx.obj = {"address": address}
 
 
 @job.command("submit")
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", default="", help="Where the job's trace, migrations and model go.")
+@_system_command
 @json_option
-@click.pass_context
-def job_submit(ctx, job_file: str, out_dir: str, as_json: bool) -> None:
+def job_submit(job_file: str, out_dir: str, address: str, as_json: bool) -> None:
     """Submit a job file (model, steps, seed)."""
     from pathlib import Path
     path = Path(job_file)
@@ -84,33 +82,35 @@ def job_submit(ctx, job_file: str, out_dir: str, as_json: bool) -> None:
         text = path.read_text()
     except OSError as exc:
         raise click.BadParameter(f"{job_file}: {exc.strerror}", param_hint="JOB_FILE")
-    submitted = _stub(ctx).SubmitJob(client.jobs_pb2.SubmitJobRequest(
+    submitted = client.connect(address).SubmitJob(client.jobs_pb2.SubmitJobRequest(
         job_yaml=text, base_dir=str(path.parent.resolve()), out_dir=str(Path(out_dir).resolve()) if out_dir else ""))
     _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
 
 
 @job.command("list")
+@_system_command
 @json_option
-@click.pass_context
-def job_list(ctx, as_json: bool) -> None:
-    _print(_stub(ctx).ListJobs(client.jobs_pb2.ListJobsRequest()), as_json, lambda r: _job_rows(r.jobs))
+def job_list(address: str, as_json: bool) -> None:
+    """List jobs."""
+    _print(client.connect(address).ListJobs(client.jobs_pb2.ListJobsRequest()), as_json, lambda r: _job_rows(r.jobs))
 
 
 @job.command("status")
 @click.argument("job_id")
+@_system_command
 @json_option
-@click.pass_context
-def job_status(ctx, job_id: str, as_json: bool) -> None:
-    _print(_stub(ctx).GetJob(client.jobs_pb2.GetJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
+def job_status(job_id: str, address: str, as_json: bool) -> None:
+    """Show one job: state, step, desired and committed plan versions."""
+    _print(client.connect(address).GetJob(client.jobs_pb2.GetJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
 
 
 @job.command("watch")
 @click.argument("job_id")
+@_system_command
 @json_option
-@click.pass_context
-def job_watch(ctx, job_id: str, as_json: bool) -> None:
+def job_watch(job_id: str, address: str, as_json: bool) -> None:
     """Print the job's events as they happen, until it ends."""
-    for event in _stub(ctx).WatchEvents(client.jobs_pb2.WatchEventsRequest(job_id=job_id)):
+    for event in client.connect(address).WatchEvents(client.jobs_pb2.WatchEventsRequest(job_id=job_id)):
         if as_json:
             click.echo(json.dumps(client.to_dict(event)))
         else:
@@ -122,17 +122,11 @@ def job_watch(ctx, job_id: str, as_json: bool) -> None:
 
 @job.command("cancel")
 @click.argument("job_id")
+@_system_command
 @json_option
-@click.pass_context
-def job_cancel(ctx, job_id: str, as_json: bool) -> None:
-    _print(_stub(ctx).CancelJob(client.jobs_pb2.CancelJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
-
-
-def _system_command(fn):
-    """A top-level command that talks to the control plane."""
-    fn = click.option("--control-plane", "address", default=client.DEFAULT_ADDRESS, show_default=True,
-                      envvar="DROVER_CONTROL_PLANE")(fn)
-    return fn
+def job_cancel(job_id: str, address: str, as_json: bool) -> None:
+    """Cancel a running job: its workers stop."""
+    _print(client.connect(address).CancelJob(client.jobs_pb2.CancelJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
 
 
 @cli.command()
@@ -212,6 +206,7 @@ def detect() -> None:
 @detect.command("pause")
 @_system_command
 def detect_pause(address: str) -> None:
+    """Stop replanning on detected stragglers (telemetry is still kept)."""
     client.connect(address).SetDetection(client.jobs_pb2.SetDetectionRequest(paused=True))
     click.echo("detection paused")
 
@@ -219,6 +214,7 @@ def detect_pause(address: str) -> None:
 @detect.command("resume")
 @_system_command
 def detect_resume(address: str) -> None:
+    """Replan on detected stragglers again."""
     client.connect(address).SetDetection(client.jobs_pb2.SetDetectionRequest(paused=False))
     click.echo("detection resumed")
 
@@ -232,6 +228,7 @@ def node() -> None:
 @click.argument("name")
 @_system_command
 def node_drain(name: str, address: str) -> None:
+    """New jobs leave NAME out."""
     n = client.connect(address).DrainNode(client.jobs_pb2.NodeRequest(node=name))
     click.echo(f"{n.name} drained")
 
@@ -240,6 +237,7 @@ def node_drain(name: str, address: str) -> None:
 @click.argument("name")
 @_system_command
 def node_undrain(name: str, address: str) -> None:
+    """New jobs may use NAME again."""
     n = client.connect(address).UndrainNode(client.jobs_pb2.NodeRequest(node=name))
     click.echo(f"{n.name} undrained")
 

@@ -92,3 +92,14 @@ def test_simulate_bad_events_exit_2(tmp_path):
     out = run_cli("simulate", "--cluster", str(CLUSTER), "--model", str(MODEL), "--events", str(bad))
     assert out.returncode == 2
     assert "node-99/0" in out.stderr and "events[0].device" in out.stderr
+
+
+def test_every_command_is_documented():
+    from control_plane import cli_system, up  # noqa: F401  (registers the commands)
+    from control_plane.cli import cli
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    for name, command in cli.commands.items():
+        subcommands = getattr(command, "commands", {})
+        for sub in subcommands or [None]:
+            spelled = f"drover {name}" + (f" {sub}" if sub else "")
+            assert spelled in doc, f"{spelled} is missing from docs/cli.md"

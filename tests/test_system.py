@@ -173,3 +173,39 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     assert final.state == "failed" and "exited" in final.detail
     kinds = [e.kind for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
     assert "workers_failed" in kinds and kinds[-1] == "job_failed"
+
+
+def run_cli(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(DROVER + list(args) + ["--control-plane", address], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
+    c = local_cluster(nodes=1, devices=2)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
+    submitted = run_cli(c.address, "job", "submit", str(job_file), "--out", str(tmp_path / "out"), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["id"]
+    watched = run_cli(c.address, "job", "watch", job_id)
+    assert watched.returncode == 0 and "job_completed" in watched.stdout
+    listed = json.loads(run_cli(c.address, "job", "list", "--json").stdout)["jobs"]
+    assert [(j["id"], j["state"]) for j in listed] == [(job_id, "completed")]
+    assert "completed" in run_cli(c.address, "job", "status", job_id).stdout
+    nodes = json.loads(run_cli(c.address, "nodes", "--json").stdout)["nodes"]
+    assert nodes[0]["name"] == "node-0" and nodes[0]["devices"] == ["node-0/0", "node-0/1"]
+    history = json.loads(run_cli(c.address, "plan", "history", job_id, "--json").stdout)["plans"]
+    assert int(history[0]["version"]) == 1 and history[0]["committed"]  # int64 is a string in proto JSON
+    assert "blocks" in run_cli(c.address, "plan", "show", job_id).stdout
+    points = json.loads(run_cli(c.address, "telemetry", job_id, "--json").stdout)["points"]
+    assert points and all(p["compute_s_per_block"] > 0 for p in points)
+    assert run_cli(c.address, "detect", "pause").returncode == 0
+    assert run_cli(c.address, "node", "drain", "node-0").returncode == 0
+    refused = run_cli(c.address, "job", "submit", str(job_file))
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr  # the only node is drained
+    assert run_cli(c.address, "node", "undrain", "node-0").returncode == 0
+    missing = run_cli(c.address, "job", "status", "job-nope")
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+        "drover: error: NOT_FOUND: unknown job 'job-nope'"]
+    bad = run_cli(c.address, "straggle", "node-0/0", "0.5")
+    assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
