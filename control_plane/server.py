@@ -75,7 +75,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if first is None or not first.HasField("hello"):
             raise InvalidArgument("the first message of a stream must be a hello")
         node = first.hello.node
-        outbox = self.cp.attach(node)
+        outbox = self.cp.attach(node, _peer_host(context.peer()))
         try:
             await self.cp.hello(first.hello, outbox)
             reader = asyncio.create_task(self._read(node, requests))
@@ -99,6 +99,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 await self.cp.telemetry(node, message.telemetry)
             elif kind == "status":
                 await self.cp.status(node, message.status)
+
+
+def _peer_host(peer: str) -> str:
+    """'ipv4:10.0.0.5:41234' -> '10.0.0.5'; '[::1]' and unknown forms fall back to loopback."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return "127.0.0.1"
 
 
 def _job(row) -> jobs_pb2.Job:

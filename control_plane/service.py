@@ -73,6 +73,7 @@ class ControlPlane:
         self.restart_s = restart_s
         self.detection_paused = False
         self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent
+        self.hosts: dict[str, str] = {}  # node -> the address its agent connects from
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
         self.flusher: asyncio.Task | None = None
@@ -110,7 +111,10 @@ class ControlPlane:
 
     # -- agents ---------------------------------------------------------------------
 
-    def attach(self, node: str) -> asyncio.Queue:
+    def attach(self, node: str, host: str = "127.0.0.1") -> asyncio.Queue:
+        """Open `node`'s outbox; `host` is where its agent connects from, which is where
+        its workers listen when they host rank 0."""
+        self.hosts[node] = host
         self.outboxes[node] = asyncio.Queue()
         if node in self._lost:
             self._lost.pop(node).cancel()
@@ -217,12 +221,14 @@ class ControlPlane:
         out = Path(out_dir or f"drover-out/{job_id}").resolve()
         out.mkdir(parents=True, exist_ok=True)
         model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
-        port = _free_port()
+        master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
+        # On this machine a free port is known; elsewhere take one per job from a fixed range.
+        port = _free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
 
         def create(session):
             session.add(Job(id=job_id, state="running", model_yaml=model_yaml, model_name=spec.model.name,
                             steps=spec.steps, seed=spec.seed, out_dir=str(out), created=time.time(),
-                            ranks_json=json.dumps(ranks), master_addr="127.0.0.1", master_port=port))
+                            ranks_json=json.dumps(ranks), master_addr=master_addr, master_port=port))
             session.flush()
             queries.add_plan(session, job_id, plan.to_dict(), "initial plan", {})
             queries.add_event(session, job_id, 0, "job_started", {"nodes": [n for n, _, _ in nodes],
@@ -233,7 +239,7 @@ class ControlPlane:
                          Detector(self.detector_config))
         self.jobs[job_id] = job
         start = agent_pb2.StartJob(job_id=job_id, model_yaml=json.dumps(spec.model_data), steps=spec.steps,
-                                   seed=spec.seed, world_size=len(devices), ranks=ranks, master_addr="127.0.0.1",
+                                   seed=spec.seed, world_size=len(devices), ranks=ranks, master_addr=master_addr,
                                    master_port=port, plan_version=1, plan=plan_to_proto(plan), out_dir=str(out))
         for node in job.nodes:
             self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))

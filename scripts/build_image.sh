@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds drover:local for docker-compose.yml from local material only:
+#   1. a Debian bookworm rootfs with python3 and venv (debootstrap, from the Debian mirror),
+#      imported as drover-base:bookworm;
+#   2. wheels of Drover and everything it needs (pip, from PyPI / this machine's torch file);
+#   3. docker/Dockerfile on top.
+# Needs root, debootstrap and a running Docker engine (Debian: apt-get install debootstrap docker.io).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=build/image
+mkdir -p "$BUILD"
+if ! docker image inspect drover-base:bookworm >/dev/null 2>&1; then
+    rm -rf "$BUILD/rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$BUILD/rootfs"
+    tar -C "$BUILD/rootfs" -c . | docker import - drover-base:bookworm
+fi
+rm -rf "$BUILD/context" && mkdir -p "$BUILD/context/wheels"
+python3 -m pip wheel --quiet --wheel-dir "$BUILD/context/wheels" .
+cp docker/Dockerfile "$BUILD/context/Dockerfile"
+docker build -t drover:local "$BUILD/context"
