@@ -86,15 +86,10 @@ class SyncGroup:
 def sync_groups(plan: Plan, ranks: dict[str, int], layers: int) -> list[SyncGroup]:
     """Groups for summing gradients across pipelines, per range of blocks
     with the same holders (pipelines may split the blocks differently)."""
-    stage_of: list[dict[Part, tuple[int, ...]]] = []
-    for pipeline in plan.pipelines:
-        held: dict[Part, tuple[int, ...]] = {}
-        for k, s in enumerate(pipeline.stages):
-            group = tuple(ranks[d] for d in s.devices)
-            for part in ([EMBED] if k == 0 else []) + list(range(*s.layers)) + (
-                    [HEAD] if k == len(pipeline.stages) - 1 else []):
-                held[part] = group
-        stage_of.append(held)
+    stage_of: list[dict[Part, tuple[int, ...]]] = [{} for _ in plan.pipelines]
+    for role in roles(plan, ranks).values():
+        for part in role.parts:
+            stage_of[role.pipeline][part] = role.group
     if len(stage_of) == 1:
         return []
     # Consecutive parts with the same holding stages share one all-reduce.

@@ -90,7 +90,7 @@ def pipeline_time_s(stages: list[StageCost], m: int, model: ModelSpec, cluster: 
     return first + (m - 1) * each
 
 
-def _min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
+def min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
     """Smallest bwx between any two of a set of stages, given each stage's node.
 
     Link bandwidth depends only on the two nodes' network profiles, so the
@@ -101,7 +101,7 @@ def _min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
         best = min(cluster.link_bw(n, n) for n, c in counts.items() if c > 1)
     by_profile: dict[tuple, list[int]] = {}
     for n in counts:
-        by_profile.setdefault(_profile(cluster, n), []).append(n)
+        by_profile.setdefault(cluster.network_profiles[n], []).append(n)
     reps = list(by_profile.values())
     for i, a in enumerate(reps):
         if len(a) > 1:
@@ -109,10 +109,6 @@ def _min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
         for b in reps[i + 1:]:
             best = min(best, cluster.link_bw(a[0], b[0]))
     return best
-
-
-def _profile(cluster: Cluster, node: int) -> tuple:
-    return cluster.network_profiles[node]
 
 
 def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
@@ -124,7 +120,7 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
 
     def sync(params: int, stages: list[StageCost]) -> float:
         tmin = min(s.t for s in stages)
-        return factor * 2 * params / (tmin * _min_pair_bw([s.node for s in stages], cluster))
+        return factor * 2 * params / (tmin * min_pair_bw([s.node for s in stages], cluster))
 
     paid = [[0.0] * len(row) for row in costs]
     # Blocks between consecutive boundaries (of any pipeline) have the same holders.

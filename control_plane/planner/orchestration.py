@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, BYTES_PER_PARAM, StageCost, _min_pair_bw
+from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw
 from .grouping import Group
 from .model import ModelSpec
 
@@ -78,7 +78,7 @@ def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cl
     depth = max(len(p) for p in pipelines)
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
-    position_bw = [_min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
+    position_bw = [min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
                    if sum(len(p) > k for p in pipelines) > 1 else float("inf") for k in range(depth)]
     out = []
     solved: dict[tuple, list[int] | None] = {}  # most pipelines look alike: solve each kind once
@@ -109,6 +109,7 @@ def _blocks_per_stage(shape: tuple, model: ModelSpec, mu: float, sync_factor: fl
         w += sync_factor / (t * sync_bw) / mu
         weights.append(w)
         extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
+        # Section 5's memory, solved for n, with the most micro-batches in flight (m = M).
         fixed = BYTES_PER_PARAM * model.embedding_params * ((k == 0) + (k == S - 1))
         per_block = BYTES_PER_PARAM * model.block_params + min(S - k, M) * model.block_activation_memory
         caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
