@@ -151,8 +151,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def WatchEvents(self, request, context):
         self.read(lambda s: queries.get_job(s, request.job_id))
         last = 0
-        while True:
-            await self.cp.flush()
+        while True:  # events are written as they happen (only telemetry is buffered)
             for e in self.read(lambda s: queries.events(s, request.job_id, last)):
                 last = e.id
                 yield jobs_pb2.Event(time=e.time, step=e.step, job_id=e.job_id, kind=e.kind,

@@ -77,6 +77,7 @@ class ControlPlane:
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
         self.flusher: asyncio.Task | None = None
+        self._saved_steps: dict[str, int] = {}  # job -> step last written
 
     # -- start-up and background work ---------------------------------------------
 
@@ -102,7 +103,8 @@ class ControlPlane:
 
     async def flush(self) -> None:
         await self.store.flush_samples()
-        steps = {j.id: j.step for j in self.jobs.values()}
+        steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
+        self._saved_steps.update(steps)
         if steps:
             def save(session):
                 for job_id, step in steps.items():

@@ -25,10 +25,10 @@ def warm_up(cfg: GPTConfig) -> None:
         _meta_module(cfg, kind)
 
 
-def empty_part(cfg: GPTConfig, part, t: int = 1, r: int = 0) -> torch.nn.Module:
+def empty_part(cfg: GPTConfig, part, t: int = 1, r: int = 0, device="cpu") -> torch.nn.Module:
     """An uninitialised module of the part's shard (t, r), to be filled by a transfer."""
     kind = {EMBED: Embedding, HEAD: Head}.get(part, Block)
-    module = copy.deepcopy(_meta_module(cfg, kind)).to_empty(device="cpu")
+    module = copy.deepcopy(_meta_module(cfg, kind)).to_empty(device=device)
     if isinstance(part, int):
         shard_block(module, t, r)
     return module

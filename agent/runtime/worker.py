@@ -33,6 +33,7 @@ from .parts import empty_part, pack, unpack, warm_up
 from .tensor_parallel import WaitClock, join_group, shard, shard_block, split_dim, unshard
 
 COLLECTIVE_TIMEOUT_S = 300
+DEVICE = torch.device("cpu")  # set once per worker process in worker_main: cuda (NCCL) or cpu (gloo)
 SWITCH_TAG = 1 << 20  # point-to-point tags of a migration; activations use 2 * micro-batch (+1)
 
 
@@ -97,7 +98,7 @@ class Worker:
                     migrations.write(json.dumps(record) + "\n")
                     migrations.flush()
             stats = self._train_step(step) if self.rank in self.roles else Stats()
-            loss = torch.tensor([stats.loss])
+            loss = torch.tensor([stats.loss], device=DEVICE)
             dist.all_reduce(loss)
             elapsed = time.perf_counter() - started
             if trace:
@@ -124,7 +125,7 @@ class Worker:
             self.slow = (float(wanted["rate"]), int(wanted["from_step"]))
 
     def _agree_on_version(self) -> int:
-        newest = torch.tensor([max(self.received, default=0)], dtype=torch.int64)
+        newest = torch.tensor([max(self.received, default=0)], dtype=torch.int64, device=DEVICE)
         dist.all_reduce(newest, op=dist.ReduceOp.MIN)
         return int(newest)
 
@@ -149,7 +150,7 @@ class Worker:
             return result
 
         def recv(shape, src, tag):
-            buf = torch.empty(shape)
+            buf = torch.empty(shape, device=DEVICE)
             t0 = time.perf_counter()
             dist.recv(buf, src, tag=tag)
             stats.p2p_wait_s += time.perf_counter() - t0
@@ -167,7 +168,8 @@ class Worker:
 
         def forward(i: int) -> None:
             mb = first_mb + i
-            inputs, targets = data.batch(self.args.seed, step, mb * b, b, spec.seq_len, spec.vocab)
+            inputs, targets = (x.to(DEVICE) for x in data.batch(self.args.seed, step, mb * b, b, spec.seq_len,
+                                                                 spec.vocab))
             x_in = None if role.first else recv(shape, role.prev_group[0], 2 * mb).requires_grad_()
 
             def run():
@@ -231,7 +233,7 @@ class Worker:
             fulls = []
             for part, name, p in params:
                 dim = split_dim(part, name)
-                full = torch.zeros(_full_shape(p.shape, dim, t))
+                full = torch.zeros(_full_shape(p.shape, dim, t), device=DEVICE)
                 if dim is not None:
                     full.narrow(dim, r * p.shape[dim], p.shape[dim]).copy_(p.grad)
                 elif r == 0:  # replicated in the TP group: count it once
@@ -275,8 +277,8 @@ class Worker:
                     received[move.part][(move.t, move.r)] = (
                         {n: p.data for n, p in module.named_parameters()}, self.state[move.part])
                 elif move.dst == self.rank:
-                    template = empty_part(self.cfg, move.part, move.t, move.r)
-                    buf = torch.empty(sum(3 * p.numel() for p in template.parameters()))
+                    template = empty_part(self.cfg, move.part, move.t, move.r, DEVICE)
+                    buf = torch.empty(sum(3 * p.numel() for p in template.parameters()), device=DEVICE)
                     dist.recv(buf, move.src, tag=SWITCH_TAG + index)
                     received[move.part][(move.t, move.r)] = unpack(template, buf)
                     moved_bytes += buf.numel() * buf.element_size()
@@ -298,7 +300,7 @@ class Worker:
             elif self.args.resume_dir:
                 module, state = _load_part(self.cfg, Path(self.args.resume_dir), part, t, r)
             else:  # the first plan: build from (seed, part)
-                module = build_part(self.cfg, part, self.args.seed)
+                module = build_part(self.cfg, part, self.args.seed).to(DEVICE)
                 if isinstance(part, int):
                     shard_block(module, t, r)
                 state = {name: AdamW.new_state(p) for name, p in module.named_parameters()}
@@ -306,9 +308,9 @@ class Worker:
                 join_group(module, self.tp_pg)
             self.parts[part], self.state[part] = module, state
         self.plan, self.version = new_plan, version
-        totals = torch.tensor([float(moved_bytes), float(moved_blocks)], dtype=torch.float64)
+        totals = torch.tensor([float(moved_bytes), float(moved_blocks)], dtype=torch.float64, device=DEVICE)
         dist.all_reduce(totals)
-        seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=DEVICE)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         return {"step": step, "plan": version, "bytes_moved": int(totals[0]), "blocks_moved": int(totals[1]),
                 "seconds": float(seconds[0])}
@@ -346,8 +348,9 @@ class Worker:
         for part, module in self.parts.items():
             shard_key = held[part][self.rank]
             if min(rank for rank, key in held[part].items() if key == shard_key) == self.rank:
-                params = {n: p.data for n, p in module.named_parameters()}
-                torch.save({"params": params, "state": self.state[part]},
+                params = {n: p.data.cpu() for n, p in module.named_parameters()}
+                state = {n: {k: v.cpu() for k, v in moments.items()} for n, moments in self.state[part].items()}
+                torch.save({"params": params, "state": state},
                            directory / _checkpoint_name(part, *shard_key))
         dist.barrier()
 
@@ -355,7 +358,7 @@ class Worker:
 
     def _save_model(self, path: Path) -> None:
         role = self.roles.get(self.rank)
-        mine = {part: ((len(role.group), role.tp_rank), {n: p.data for n, p in module.named_parameters()})
+        mine = {part: ((len(role.group), role.tp_rank), {n: p.data.cpu() for n, p in module.named_parameters()})
                 for part, module in self.parts.items()} if role else {}
         gathered = [None] * self.args.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -383,7 +386,7 @@ def _full_shape(shape: torch.Size, dim: int | None, t: int) -> list[int]:
 
 def _assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict) -> tuple[torch.nn.Module, dict]:
     """A part's module and optimizer state for shard (t, r) from received shards."""
-    module = empty_part(cfg, part, t, r)
+    module = empty_part(cfg, part, t, r, DEVICE)
     if (t, r) in pieces:
         params, state = pieces[(t, r)]
     else:  # TP size changed: rebuild the full tensors, keep our slice
@@ -405,7 +408,7 @@ def _checkpoint_name(part, t: int, r: int) -> str:
 def _load_part(cfg: GPTConfig, directory: Path, part, t: int, r: int) -> tuple[torch.nn.Module, dict]:
     """Shard (t, r) of a part from a checkpoint, re-slicing if it was saved at another TP size."""
     def load(size: int, i: int) -> tuple[dict, dict]:
-        saved = torch.load(directory / _checkpoint_name(part, size, i))
+        saved = torch.load(directory / _checkpoint_name(part, size, i), map_location=DEVICE)
         return saved["params"], saved["state"]
     if (directory / _checkpoint_name(part, t, r)).exists():
         return _assemble(cfg, part, t, r, {(t, r): load(t, r)})
@@ -440,8 +443,15 @@ class Stats:
 def worker_main(args: WorkerArgs) -> None:
     torch.set_num_threads(1)  # one core per worker; the host has few
     os.makedirs(Path(args.out_dir) / "telemetry", exist_ok=True)
+    global DEVICE
+    if torch.cuda.is_available():  # NCCL on GPUs: the device is the one whose index the device id names
+        ranks = args.ranks or {}
+        index = next((int(d.rsplit("/", 1)[1]) for d, r in ranks.items() if r == args.rank), args.rank)
+        DEVICE = torch.device("cuda", index % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     # A lost peer must fail the job in minutes, not the default half hour.
-    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=args.world,
+    dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", init_method=args.init_method,
+                            rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
         Worker(args).run()
