@@ -38,11 +38,15 @@ def set_connected(session: Session, name: str, connected: bool) -> None:
         node.connected, node.last_seen = connected, time.time()
 
 
+def _get(session: Session, model, key, kind: str, shown: str):
+    row = session.get(model, key)
+    if row is None:
+        raise NotFound(kind, shown)
+    return row
+
+
 def get_node(session: Session, name: str) -> Node:
-    node = session.get(Node, name)
-    if node is None:
-        raise NotFound("node", name)
-    return node
+    return _get(session, Node, name, "node", name)
 
 
 def nodes(session: Session) -> list[Node]:
@@ -58,17 +62,11 @@ def nics_of(session: Session, node: str) -> list[Nic]:
 
 
 def get_device(session: Session, device: str) -> Device:
-    row = session.get(Device, device)
-    if row is None:
-        raise NotFound("device", device)
-    return row
+    return _get(session, Device, device, "device", device)
 
 
 def get_job(session: Session, job_id: str) -> Job:
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFound("job", job_id)
-    return job
+    return _get(session, Job, job_id, "job", job_id)
 
 
 def jobs(session: Session) -> list[Job]:
@@ -90,9 +88,7 @@ def add_plan(session: Session, job_id: str, plan_json: dict, reason: str, rates:
 
 def commit_plan(session: Session, job_id: str, version: int) -> bool:
     """Mark a version committed (every agent runs it); False if it already was."""
-    row = session.get(Plan, (job_id, version))
-    if row is None:
-        raise NotFound("plan version", f"{job_id}@{version}")
+    row = _get(session, Plan, (job_id, version), "plan version", f"{job_id}@{version}")
     if row.committed:
         return False
     row.committed = True
@@ -109,10 +105,7 @@ def plans(session: Session, job_id: str) -> list[Plan]:
 def get_plan(session: Session, job_id: str, version: int = 0) -> Plan:
     if version == 0:
         version = get_job(session, job_id).plan_version
-    row = session.get(Plan, (job_id, version))
-    if row is None:
-        raise NotFound("plan version", f"{job_id}@{version}")
-    return row
+    return _get(session, Plan, (job_id, version), "plan version", f"{job_id}@{version}")
 
 
 def add_event(session: Session, job_id: str, step: int, kind: str, details: dict) -> Event:
