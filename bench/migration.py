@@ -29,11 +29,10 @@ sys.path.insert(0, str(ROOT))
 from agent.runtime.launch import _free_port, train_workers  # noqa: E402
 from agent.runtime.worker import config_of  # noqa: E402
 from agent.runtime.model import GPT  # noqa: E402
-from control_plane.planner.model import model_from_dict  # noqa: E402
+from control_plane.planner.model import load_model  # noqa: E402
 from control_plane.planner.plan import plan_from_dict  # noqa: E402
 
-SPEC = model_from_dict({"name": "bench-60m", "layers": 16, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
-                        "seq_len": 32, "vocab": 8192, "global_batch": 4, "micro_batch": 1})
+SPEC = load_model(ROOT / "examples" / "models" / "bench-60m.yaml")
 SWITCH_STEP, STEPS, SEED = 2, 3, 0
 
 

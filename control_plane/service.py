@@ -296,6 +296,10 @@ class ControlPlane:
         if job.step < job.committed_at + self.detector_config.window:
             return  # let the window fill with steps of the new plan before judging it
         rates = job.detector.rates()
+        for device in job.detector.slow_links():
+            if (device, "link") not in job.reported:  # told apart from slow compute; acted on in a later issue
+                job.reported.add((device, "link"))
+                await self._event(job, "slow_link_suspected", {"device": device})
         moved = job.detector.moved(job.planned_rates, rates)
         if not moved:
             return
