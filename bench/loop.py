@@ -4,7 +4,7 @@ the committed plan, samples/s before, while slow and after, and the
 telemetry overhead: a healthy `drover up` against `drover train` of the same
 plan (workers only, no agents streaming, no control plane), side by side. Prints JSON.
 
-    python bench/loop.py [--steps 60] [--slow-at 20]
+    python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--devices-per-node 2]
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def median_rate(trace: list[dict], lo: int, hi: int) -> float:
     return statistics.median(t["samples_per_s"] for t in trace if lo <= t["step"] < hi)
 
 
-def telemetry_overhead(tmp: Path, devices_per_node: int, steps: int) -> dict:
+def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, steps: int) -> dict:
     """A healthy `drover up` against `drover train` of the same plan (workers only: no agents
     streaming, no control plane), median step time of each after warm-up."""
     job = tmp / "healthy.yaml"
-    job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: {steps}\nseed: 0\n")
+    job.write_text(f"model: {model}\nsteps: {steps}\nseed: 0\n")
     subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job", str(job),
                              "--out", str(tmp / "healthy")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     events = read(tmp / "healthy" / "events.jsonl")
@@ -46,7 +46,7 @@ def telemetry_overhead(tmp: Path, devices_per_node: int, steps: int) -> dict:
             s["devices"] = [local[d] for d in s["devices"]]
     plan["removed"] = [local[d] for d in plan["removed"]]
     (tmp / "plan.json").write_text(json.dumps(plan))
-    subprocess.run(DROVER + ["train", "--model", str(ROOT / "examples" / "models" / "tiny.yaml"), "--workers",
+    subprocess.run(DROVER + ["train", "--model", model, "--workers",
                              str(len(devices)), "--plan", str(tmp / "plan.json"), "--steps", str(steps), "--seed", "0",
                              "--out", str(tmp / "bare")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     with_agents = statistics.median(t["step_time_s"] for t in read(tmp / "healthy" / "trace.jsonl")[5:])
@@ -57,16 +57,17 @@ def telemetry_overhead(tmp: Path, devices_per_node: int, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--slow-at", type=int, default=20)
-    parser.add_argument("--overhead-steps", type=int, default=300)
+    parser.add_argument("--model", default=str(ROOT / "examples" / "models" / "small.yaml"))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--slow-at", type=int, default=12)
+    parser.add_argument("--overhead-steps", type=int, default=40)
     parser.add_argument("--devices-per-node", type=int, default=2,
                         help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         job = tmp / "job.yaml"
-        job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: {args.steps}\nseed: 0\n")
+        job.write_text(f"model: {args.model}\nsteps: {args.steps}\nseed: 0\n")
         out = tmp / "up"
         subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(args.devices_per_node), "--job", str(job),
                                  "--straggle", f"node-1/0=3@{args.slow_at}", "--out", str(out)],
@@ -82,7 +83,7 @@ def main() -> None:
         while_slow = median_rate(trace, args.slow_at, switch_step)
         after = median_rate(trace, switch_step + 1, args.steps)
 
-        overhead = telemetry_overhead(tmp, args.devices_per_node, args.overhead_steps)
+        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_steps)
     print(json.dumps({
         "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
         "steps_to_detection": detected["step"] - args.slow_at,
