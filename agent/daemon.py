@@ -124,10 +124,11 @@ class Agent:
         for job_id, workers in list(self.jobs.items()):
             if job_id in self._reported:
                 continue
-            samples = [agent_pb2.DeviceSample(
-                device=row["device"], step=row["step"], compute_s_per_block=row["compute_s_per_block_per_micro_batch"],
+            samples = [agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
+                device=row["device"], step=row["step"],
+                compute_s_per_block=row["compute_s_per_block_per_micro_batch"] or 0.0,
                 p2p_wait_s=row["p2p_wait_s"], grad_sync_s=row["grad_sync_s"])
-                for row in workers.new_telemetry() if row.get("compute_s_per_block_per_micro_batch")]
+                for row in workers.new_telemetry()]
             migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan"], bytes_moved=m["bytes_moved"],
                                               blocks_moved=m["blocks_moved"], seconds=m["seconds"])
                           for m in workers.new_migrations()]

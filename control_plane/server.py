@@ -200,10 +200,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
 
 
-async def start_server(db: str, address: str) -> tuple[grpc.aio.Server, ControlPlane, int]:
-    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path."""
+async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Server, ControlPlane, int]:
+    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path;
+    `options` go to ControlPlane."""
     store = Store(db if "://" in db else sqlite_url(db))
-    cp = ControlPlane(store)
+    cp = ControlPlane(store, **options)
     await cp.recover()
     server = grpc.aio.server()
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp), server)

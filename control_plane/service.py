@@ -36,6 +36,7 @@ from .wire import plan_to_proto
 TERMINAL = ("completed", "failed", "cancelled")
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
+DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is failed
 
 
 class FailedPrecondition(RuntimeError):
@@ -63,14 +64,17 @@ class RunningJob:
     node_states: dict[str, str] = field(default_factory=dict)
     reported: set = field(default_factory=set)  # straggler rates already announced
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
+    heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
     committed_at: int = -1  # job step when the newest plan was committed
 
 
 class ControlPlane:
-    def __init__(self, store: Store, detector: DetectorConfig = DetectorConfig(), restart_s: float = 300.0):
+    def __init__(self, store: Store, detector: DetectorConfig = DetectorConfig(), restart_s: float = 300.0,
+                 device_silence_s: float = DEVICE_SILENCE_S):
         self.store = store
         self.detector_config = detector
         self.restart_s = restart_s
+        self.device_silence_s = device_silence_s
         self.detection_paused = False
         self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent
         self.hosts: dict[str, str] = {}  # node -> the address its agent connects from
@@ -100,6 +104,21 @@ class ControlPlane:
         while True:
             await asyncio.sleep(every_s)
             await self.flush()
+            await self._fail_silent_devices()
+
+    async def _fail_silent_devices(self) -> None:
+        """A device that stops reporting while the rest of its job does is treated as failed."""
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if not job.heard:
+                continue
+            newest = max(job.heard.values())
+            silent = sorted(d for d in job.ranks if now - job.heard.get(d, newest) > self.device_silence_s
+                            and newest - job.heard.get(d, newest) > self.device_silence_s / 2)
+            if silent:
+                await self._event(job, "device_lost", {"devices": silent, "silent_s": self.device_silence_s})
+                await self._fail(job, f"devices {', '.join(silent)} stopped reporting; recovering from lost "
+                                      f"devices is not supported yet")
 
     async def flush(self) -> None:
         await self.store.flush_samples()
@@ -171,7 +190,9 @@ class ControlPlane:
         rates = {}
         if job is not None:
             for s in message.devices:
-                job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
+                job.heard[s.device] = time.monotonic()
+                if s.compute_s_per_block > 0:  # idle devices (left out of the plan) report zeros
+                    job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
                 job.step = max(job.step, s.step)
             rates = job.detector.rates()
         self.store.buffer_samples(TelemetrySample, [

@@ -177,3 +177,26 @@ async def test_cancel_twice_is_failed_precondition(plane):
     assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == "cancelled"
     code, _ = await code_of(jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_device_that_stops_reporting_fails_the_job(tmp_path):
+    server, cp, port = await start_server(str(tmp_path / "drover.db"), "127.0.0.1:0", device_silence_s=1.0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    jobs, agents = jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel)
+    try:
+        agent = ScriptedAgent(agents, "node-0")
+        await connected(jobs, 1)
+        job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp_path / "o")))
+        await agent.receive()
+        for step in range(12):  # node-0/1 falls silent after step 2; node-0/0 goes on
+            devices = ["node-0/0"] + (["node-0/1"] if step < 3 else [])
+            agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=1, devices=[
+                agent_pb2.DeviceSample(device=d, step=step, compute_s_per_block=0.01) for d in devices]))
+            await asyncio.sleep(0.25)
+        final = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+        assert final.state == "failed" and "node-0/1" in final.detail
+        kinds = [e.kind async for e in jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
+        assert "device_lost" in kinds
+    finally:
+        await channel.close()
+        await stop_server(server, cp)
