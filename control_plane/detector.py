@@ -38,6 +38,11 @@ class Detector:
         self._compute[device].append(compute_s_per_block)
         self._waits[device].append(p2p_wait_s)
 
+    def forget(self, device: str) -> None:
+        """Drop a device's window: it has no work in the plan, so nothing to judge."""
+        self._compute.pop(device, None)
+        self._waits.pop(device, None)
+
     def rates(self) -> dict[str, float]:
         """Straggling rate per device with a full window; healthy ones are 1.0."""
         full = {d: statistics.median(v) for d, v in self._compute.items() if len(v) == self.config.window}

@@ -191,8 +191,10 @@ class ControlPlane:
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
-                if s.compute_s_per_block > 0:  # idle devices (left out of the plan) report zeros
+                if s.compute_s_per_block > 0:
                     job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
+                else:  # idle (left out of the plan): no work to judge, and an old window would mislead
+                    job.detector.forget(s.device)
                 job.step = max(job.step, s.step)
             rates = job.detector.rates()
         self.store.buffer_samples(TelemetrySample, [

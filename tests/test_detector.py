@@ -51,3 +51,10 @@ def test_slow_link_apart_from_slow_compute():
          waits={"a": [0.1] * 3, "b": [0.1] * 3, "c": [2.0] * 3, "d": [0.1] * 3})
     assert d.slow_links() == ["c"]
     assert d.rates()["d"] == 3.0 and d.rates()["c"] == 1.0
+
+
+def test_forgotten_device_has_no_rate():
+    d = Detector()
+    feed(d, {"a": [1, 1, 1], "b": [1, 1, 1], "c": [3, 3, 3]})
+    d.forget("c")
+    assert "c" not in d.rates()
