@@ -284,7 +284,7 @@ class ControlPlane:
 
     async def replan(self, job_id: str, reason: str) -> int:
         job = self._running(job_id)
-        return await self._push(job, job.detector.rates(), reason or "forced by request")
+        return await self._push(job, {**job.planned_rates, **job.detector.rates()}, reason or "forced by request")
 
     async def straggle(self, device: str, rate: float, from_step: int) -> str:
         if not (math.isfinite(rate) and rate >= 1.0):
@@ -326,21 +326,23 @@ class ControlPlane:
         moved = job.detector.moved(job.planned_rates, rates)
         if not moved:
             return
+        # Devices without a window now (idle in this plan) keep the rate they were last known by.
+        known = {**job.planned_rates, **rates}
         for device, rate in moved.items():
             if rate > 1.0 and (device, rate) not in job.reported:
                 job.reported.add((device, rate))
                 await self._event(job, "straggler_detected", {"device": device, "rate": rate})
-        cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
+        cluster = self._cluster(job).with_rates({d: r for d, r in known.items() if r > 1.0})
         candidate = make_plan(cluster, job.spec.model, "drover")
         remaining = max(0, job.spec.steps - job.step - 1)
         gain = (evaluate(job.plan, cluster, job.spec.model).step_time_s
                 - evaluate(candidate, cluster, job.spec.model).step_time_s) * remaining
         cost = migration_seconds(job.plan, candidate, cluster, job.spec.model, self.restart_s)
         if gain > cost:
-            await self._push(job, rates, f"rates moved: {moved}; predicted gain {gain:.3g} s over {remaining} "
+            await self._push(job, known, f"rates moved: {moved}; predicted gain {gain:.3g} s over {remaining} "
                                          f"steps > migration {cost:.3g} s", candidate)
         else:
-            job.planned_rates = rates  # settled: do not reconsider until rates move again
+            job.planned_rates = known  # settled: do not reconsider until rates move again
             await self._event(job, "replan_skipped", {"rates": moved, "gain_s": gain, "migration_s": cost})
 
     async def _push(self, job: RunningJob, rates: dict[str, float], reason: str, plan: Plan | None = None) -> int:
