@@ -151,7 +151,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def WatchEvents(self, request, context):
         self.read(lambda s: queries.get_job(s, request.job_id))
         last = 0
-        while True:  # events are written as they happen (only telemetry is buffered)
+        while True:
+            self.cp.new_events.clear()  # before reading, so an event stored meanwhile wakes us
             for e in self.read(lambda s: queries.events(s, request.job_id, last)):
                 last = e.id
                 yield jobs_pb2.Event(time=e.time, step=e.step, job_id=e.job_id, kind=e.kind,
@@ -159,7 +160,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             if self.read(lambda s: queries.get_job(s, request.job_id)).state in ("completed", "failed", "cancelled"):
                 if not self.read(lambda s: queries.events(s, request.job_id, last)):
                     return
-            await asyncio.sleep(0.2)
+            await self.cp.next_events()
 
     async def GetPlan(self, request, context):
         return _plan(self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))

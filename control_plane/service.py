@@ -82,6 +82,7 @@ class ControlPlane:
         self._lost: dict[str, asyncio.Task] = {}
         self.flusher: asyncio.Task | None = None
         self._saved_steps: dict[str, int] = {}  # job -> step last written
+        self.new_events = asyncio.Event()  # set when an event is stored; watchers wait on it
 
     # -- start-up and background work ---------------------------------------------
 
@@ -395,6 +396,15 @@ class ControlPlane:
     async def _event(self, job: RunningJob, kind: str, details: dict, step: int | None = None) -> None:
         at = job.step if step is None else step
         await self.store.write(lambda s: queries.add_event(s, job.id, at, kind, details))
+        self.new_events.set()
+
+    async def next_events(self, timeout_s: float = 1.0) -> None:
+        """Wait until an event is stored since the last clear, or a second at most (several
+        watchers share the flag, and a job can end while no event is being written)."""
+        try:
+            await asyncio.wait_for(self.new_events.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
 
 
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
