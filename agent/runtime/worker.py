@@ -157,12 +157,19 @@ class Worker:
             stats.bytes_recv[src] += buf.numel() * buf.element_size()
             return buf
 
+        t = len(role.group)
+
         def send(tensor, group, tag):
-            if role.tp_rank == 0:  # every member of a TP group holds the same activation
-                tensor = tensor.contiguous()
-                for dst in group:
+            # Every member of a TP group holds the same activation, so the sends are shared:
+            # member r serves the receivers j with j mod t == r.
+            tensor = tensor.contiguous()
+            for j, dst in enumerate(group):
+                if j % t == role.tp_rank:
                     sends.append((dist.isend(tensor, dst, tag=tag), tensor))
                     stats.bytes_sent[dst] += tensor.numel() * tensor.element_size()
+
+        def sender(group):  # who of a neighbouring TP group sends to this member
+            return group[role.tp_rank % len(group)]
 
         shape = (b, spec.seq_len, spec.hidden)
 
@@ -170,7 +177,7 @@ class Worker:
             mb = first_mb + i
             inputs, targets = (x.to(DEVICE) for x in data.batch(self.args.seed, step, mb * b, b, spec.seq_len,
                                                                  spec.vocab))
-            x_in = None if role.first else recv(shape, role.prev_group[0], 2 * mb).requires_grad_()
+            x_in = None if role.first else recv(shape, sender(role.prev_group), 2 * mb).requires_grad_()
 
             def run():
                 x = self.parts[layout.EMBED](inputs) if role.first else x_in
@@ -189,7 +196,7 @@ class Worker:
         def backward(i: int) -> None:
             mb = first_mb + i
             x_in, out = saved.pop(i)
-            grad = None if role.last else recv(shape, role.next_group[0], 2 * mb + 1)
+            grad = None if role.last else recv(shape, sender(role.next_group), 2 * mb + 1)
             compute(lambda: torch.autograd.backward(out, grad))
             if not role.first:
                 send(x_in.grad, role.prev_group, 2 * mb + 1)
