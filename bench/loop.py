@@ -2,7 +2,8 @@
 devices (or of 2, with --devices-per-node 1). Reports the steps and seconds from the slowdown to detection and to
 the committed plan, samples/s before, while slow and after, and the
 telemetry overhead: a healthy `drover up` against `drover train` of the same
-plan (workers only, no agents streaming, no control plane), side by side. Prints JSON.
+plan (workers only, no agents streaming, no control plane), alternated
+several times, side by side. Prints JSON.
 
     python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--devices-per-node 2]
 """
@@ -30,29 +31,35 @@ def median_rate(trace: list[dict], lo: int, hi: int) -> float:
     return statistics.median(t["samples_per_s"] for t in trace if lo <= t["step"] < hi)
 
 
-def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, steps: int) -> dict:
+def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, steps: int, rounds: int) -> dict:
     """A healthy `drover up` against `drover train` of the same plan (workers only: no agents
-    streaming, no control plane), median step time of each after warm-up."""
+    streaming, no control plane), alternated `rounds` times; median step time of each run after
+    warm-up, and the median of the per-round ratios (single runs vary by several percent here)."""
     job = tmp / "healthy.yaml"
     job.write_text(f"model: {model}\nsteps: {steps}\nseed: 0\n")
-    subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job", str(job),
-                             "--out", str(tmp / "healthy")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    events = read(tmp / "healthy" / "events.jsonl")
-    plan = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["version"] == 1)
-    devices = sorted({d for p in plan["pipelines"] for s in p["stages"] for d in s["devices"]} | set(plan["removed"]))
-    local = {d: f"local/{i}" for i, d in enumerate(devices)}
-    for p in plan["pipelines"]:
-        for s in p["stages"]:
-            s["devices"] = [local[d] for d in s["devices"]]
-    plan["removed"] = [local[d] for d in plan["removed"]]
-    (tmp / "plan.json").write_text(json.dumps(plan))
-    subprocess.run(DROVER + ["train", "--model", model, "--workers",
-                             str(len(devices)), "--plan", str(tmp / "plan.json"), "--steps", str(steps), "--seed", "0",
-                             "--out", str(tmp / "bare")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    with_agents = statistics.median(t["step_time_s"] for t in read(tmp / "healthy" / "trace.jsonl")[5:])
-    bare = statistics.median(t["step_time_s"] for t in read(tmp / "bare" / "trace.jsonl")[5:])
-    return {"step_time_s_with_agents": with_agents, "step_time_s_workers_only": bare,
-            "overhead": with_agents / bare - 1, "steps": steps}
+    ratios, rows = [], []
+    for round_ in range(rounds):
+        out = tmp / f"healthy-{round_}"
+        subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
+                                 str(job), "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        plan = next(e["plan"] for e in read(out / "events.jsonl") if e["kind"] == "plan_committed"
+                    and e["version"] == 1)
+        devices = sorted({d for p in plan["pipelines"] for s in p["stages"] for d in s["devices"]}
+                         | set(plan["removed"]))
+        local = {d: f"local/{i}" for i, d in enumerate(devices)}
+        for p in plan["pipelines"]:
+            for s in p["stages"]:
+                s["devices"] = [local[d] for d in s["devices"]]
+        plan["removed"] = [local[d] for d in plan["removed"]]
+        (tmp / "plan.json").write_text(json.dumps(plan))
+        subprocess.run(DROVER + ["train", "--model", model, "--workers", str(len(devices)), "--plan",
+                                 str(tmp / "plan.json"), "--steps", str(steps), "--seed", "0",
+                                 "--out", str(tmp / f"bare-{round_}")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        with_agents = statistics.median(t["step_time_s"] for t in read(out / "trace.jsonl")[5:])
+        bare = statistics.median(t["step_time_s"] for t in read(tmp / f"bare-{round_}" / "trace.jsonl")[5:])
+        ratios.append(with_agents / bare - 1)
+        rows.append({"step_time_s_with_agents": with_agents, "step_time_s_workers_only": bare})
+    return {"overhead": statistics.median(ratios), "per_round": ratios, "runs": rows, "steps": steps}
 
 
 def main() -> None:
@@ -61,6 +68,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow-at", type=int, default=12)
     parser.add_argument("--overhead-steps", type=int, default=40)
+    parser.add_argument("--overhead-rounds", type=int, default=3)
     parser.add_argument("--devices-per-node", type=int, default=2,
                         help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine")
     args = parser.parse_args()
@@ -83,7 +91,8 @@ def main() -> None:
         while_slow = median_rate(trace, args.slow_at, switch_step)
         after = median_rate(trace, switch_step + 1, args.steps)
 
-        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_steps)
+        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_steps,
+                                      args.overhead_rounds)
     print(json.dumps({
         "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
         "steps_to_detection": detected["step"] - args.slow_at,
