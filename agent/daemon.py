@@ -26,6 +26,7 @@ from .workers import JobWorkers
 
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
+HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least this often
 
 
 class Agent:
@@ -38,6 +39,7 @@ class Agent:
         self.jobs: dict[str, JobWorkers] = {}
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
+        self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
 
     async def run_forever(self) -> None:
         backoff = 0.2
@@ -132,9 +134,12 @@ class Agent:
             migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan"], bytes_moved=m["bytes_moved"],
                                               blocks_moved=m["blocks_moved"], seconds=m["seconds"])
                           for m in workers.new_migrations()]
-            out.append(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
-                time=time.time(), job_id=job_id, active_plan_version=workers.active_version,
-                devices=samples, nics=nics, migrations=migrations)))
+            now = time.time()
+            if samples or migrations or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
+                self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
+                out.append(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
+                    time=now, job_id=job_id, active_plan_version=workers.active_version,
+                    devices=samples, nics=nics, migrations=migrations)))
             if workers.state()[0] != "running":  # the end, once per stream
                 out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
                 self._reported.add(job_id)
