@@ -284,8 +284,10 @@ class ControlPlane:
         return await self._finish(job, "cancelled", "cancelled by request")
 
     async def replan(self, job_id: str, reason: str) -> int:
+        """Plan for what is measured now: devices idle in the current plan count as healthy
+        again (the way back for a removed straggler that has recovered)."""
         job = self._running(job_id)
-        return await self._push(job, {**job.planned_rates, **job.detector.rates()}, reason or "forced by request")
+        return await self._push(job, job.detector.rates(), reason or "forced by request")
 
     async def straggle(self, device: str, rate: float, from_step: int) -> str:
         if not (math.isfinite(rate) and rate >= 1.0):
