@@ -30,7 +30,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from control_plane.service import _free_port  # noqa: E402
+from control_plane.ports import free_port  # noqa: E402
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc  # noqa: E402
 
 DEVICES = 8
@@ -103,7 +103,7 @@ def poll_lags(db: Path, stop: list[bool], lags: list[float]) -> None:
 async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "ingest.db"
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         server = subprocess.Popen([sys.executable, "-m", "control_plane", "server", "--db", str(db), "--listen",
                                    address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

@@ -26,7 +26,8 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.runtime.launch import _free_port, train_workers  # noqa: E402
+from agent.runtime.launch import train_workers  # noqa: E402
+from control_plane.ports import free_port  # noqa: E402
 from agent.runtime.worker import config_of  # noqa: E402
 from agent.runtime.model import GPT  # noqa: E402
 from control_plane.planner.model import load_model  # noqa: E402
@@ -79,7 +80,7 @@ def loopback_bandwidth(size_bytes: int) -> float:
     """Bytes/s of one gloo send of `size_bytes` between two local processes (median of 3)."""
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_loopback_worker, args=(r, init, size_bytes // 4, result)) for r in range(2)]
     for p in procs:
         p.start()

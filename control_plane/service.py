@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from .planner.cost import evaluate
 from .planner.plan import Plan, plan_from_dict
 from .planner.search import make_plan
 from .planner.simulate import migration_seconds
+from .ports import free_port
 from .wire import plan_to_proto
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -249,7 +249,7 @@ class ControlPlane:
         model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
         # On this machine a free port is known; elsewhere take one per job from a fixed range.
-        port = _free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
+        port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
 
         def create(session):
             session.add(Job(id=job_id, state="running", model_yaml=model_yaml, model_name=spec.model.name,
@@ -446,8 +446,3 @@ def _check_telemetry(message: agent_pb2.Telemetry) -> None:
         check(f"nics[{i}].tx_bytes_per_s", n.tx_bytes_per_s)
         check(f"nics[{i}].rx_bytes_per_s", n.rx_bytes_per_s)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -17,7 +17,7 @@ import grpc
 from . import client
 from .cli import cli
 from .render import table
-from .service import _free_port
+from .ports import free_port
 
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
@@ -49,7 +49,7 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     drover = [sys.executable, "-m", "control_plane"]
     logs = out / "logs"
     logs.mkdir(exist_ok=True)

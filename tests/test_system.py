@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT
 from agent.runtime.launch import train_reference
 from control_plane.jobfile import load_job
-from control_plane.service import _free_port
+from control_plane.ports import free_port
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
 
 DROVER = [sys.executable, "-m", "control_plane"]
@@ -60,7 +60,7 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
 
 class LocalCluster:
     def __init__(self, tmp: Path, nodes: int = 2, devices: int = 2):
-        self.tmp, self.port = tmp, _free_port()
+        self.tmp, self.port = tmp, free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)

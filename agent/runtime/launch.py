@@ -4,7 +4,6 @@ single-process reference that every parallel run must match."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from control_plane.planner.cost import validate
 from control_plane.planner.errors import PlanError
 from control_plane.planner.model import ModelSpec
 from control_plane.planner.plan import Plan
+from control_plane.ports import free_port
 
 from . import data
 from .model import GPT, loss_sum
@@ -44,12 +44,6 @@ def check_plan(plan: Plan, spec: ModelSpec, workers: int) -> None:
                                 f"divisor of heads ({spec.heads}) and ffn_hidden ({spec.ffn_hidden})")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], steps: int, seed: int,
                   out_dir: str | Path, slow: dict[str, tuple[float, int]] | None = None,
                   optim: AdamW = AdamW(), start_step: int = 0, checkpoint_dir: str | Path | None = None,
@@ -67,7 +61,7 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
     unknown = [d for d in slow if d not in local_cluster(workers).device_by_id]
     if unknown:
         raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are local/0..local/{workers - 1}")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     # Workers fork from a server that has imported torch once: starting is
     # then a fork, not an interpreter and a torch import per worker.
     ctx = mp.get_context("forkserver")
