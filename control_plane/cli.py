@@ -76,19 +76,25 @@ def _parse_switch(ctx, param, values) -> list[tuple[int, str]]:
     return out
 
 
-def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
-    out = {}
+def parse_slowdowns(values, param, example: str, default_step: int | None = None) -> list[tuple[str, float, int]]:
+    """DEVICE=RATE@STEP options as (device, rate, step); @STEP may be left out only with a default."""
+    out = []
     for value in values:
         device, _, rest = value.partition("=")
-        rate, _, step = rest.partition("@")
+        rate, at, step = rest.partition("@")
         try:
-            rate_f, step_i = float(rate), int(step or 0)
+            rate_f = float(rate)
+            step_i = int(step) if at or default_step is None else default_step
         except ValueError:
-            raise click.BadParameter(f"{value!r}: expected DEVICE=RATE@STEP, e.g. local/1=3@5", param=param)
+            raise click.BadParameter(f"{value!r}: expected DEVICE=RATE@STEP, e.g. {example}", param=param)
         if not device or not rate_f >= 1.0 or step_i < 0:
             raise click.BadParameter(f"{value!r}: RATE must be >= 1 and STEP >= 0", param=param)
-        out[device] = (rate_f, step_i)
+        out.append((device, rate_f, step_i))
     return out
+
+
+def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
+    return {device: (rate, step) for device, rate, step in parse_slowdowns(values, param, "local/1=3@5", 0)}
 
 
 @cli.command()

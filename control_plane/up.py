@@ -15,23 +15,13 @@ import click
 import grpc
 
 from . import client
-from .cli import cli
+from .cli import cli, parse_slowdowns
 from .render import table
 from .ports import free_port
 
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
-    out = []
-    for value in values:
-        device, _, rest = value.partition("=")
-        rate, _, step = rest.partition("@")
-        try:
-            out.append((device, float(rate), int(step)))
-        except ValueError:
-            raise click.BadParameter(f"{value!r}: expected DEVICE=RATE@STEP, e.g. node-1/0=3@10", param=param)
-        if not device or out[-1][1] < 1 or out[-1][2] < 0:
-            raise click.BadParameter(f"{value!r}: RATE must be >= 1 and STEP >= 0", param=param)
-    return out
+    return parse_slowdowns(values, param, "node-1/0=3@10")
 
 
 @cli.command()
