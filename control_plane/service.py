@@ -335,8 +335,7 @@ class ControlPlane:
             if rate > 1.0 and (device, rate) not in job.reported:
                 job.reported.add((device, rate))
                 await self._event(job, "straggler_detected", {"device": device, "rate": rate})
-        cluster = self._cluster(job).with_rates({d: r for d, r in known.items() if r > 1.0})
-        candidate = make_plan(cluster, job.spec.model, "drover")
+        cluster, candidate = self._plan_for(job, known)
         remaining = max(0, job.spec.steps - job.step - 1)
         gain = (evaluate(job.plan, cluster, job.spec.model).step_time_s
                 - evaluate(candidate, cluster, job.spec.model).step_time_s) * remaining
@@ -348,10 +347,14 @@ class ControlPlane:
             job.planned_rates = known  # settled: do not reconsider until rates move again
             await self._event(job, "replan_skipped", {"rates": moved, "gain_s": gain, "migration_s": cost})
 
+    def _plan_for(self, job: RunningJob, rates: dict[str, float]) -> tuple[Cluster, Plan]:
+        """The job's cluster with these straggling rates, and Drover's plan for it."""
+        cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
+        return cluster, make_plan(cluster, job.spec.model, "drover")
+
     async def _push(self, job: RunningJob, rates: dict[str, float], reason: str, plan: Plan | None = None) -> int:
         if plan is None:
-            cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
-            plan = make_plan(cluster, job.spec.model, "drover")
+            plan = self._plan_for(job, rates)[1]
         row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
         job.plan, job.version, job.planned_rates = plan, row.version, rates
         await self._event(job, "plan_pushed", {"version": row.version, "reason": reason})
