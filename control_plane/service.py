@@ -214,7 +214,7 @@ class ControlPlane:
                               step=m.step)
         job.node_versions[node] = message.active_plan_version
         await self._maybe_commit(job)
-        await self._maybe_replan(job)
+        await self._maybe_replan(job, rates)
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
         job = self.jobs.get(status.job_id)
@@ -316,12 +316,11 @@ class ControlPlane:
 
     # -- the loop: detect, decide, push, commit -----------------------------------------
 
-    async def _maybe_replan(self, job: RunningJob) -> None:
+    async def _maybe_replan(self, job: RunningJob, rates: dict[str, float]) -> None:
         if self.detection_paused or job.committed < job.version:
             return  # one rollout at a time
         if job.step < job.committed_at + self.detector_config.window:
             return  # let the window fill with steps of the new plan before judging it
-        rates = job.detector.rates()
         for device in job.detector.slow_links():
             if (device, "link") not in job.reported:  # told apart from slow compute; acted on in a later issue
                 job.reported.add((device, "link"))
