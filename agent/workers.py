@@ -36,6 +36,7 @@ class JobWorkers:
         ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
+            self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir
             args = WorkerArgs(rank, world, master, spec, seed, steps, [(0, plan)], str(self.out_dir),
                               ranks=ranks, inbox=str(self.inbox))
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
@@ -56,10 +57,13 @@ class JobWorkers:
     def new_telemetry(self) -> list[dict]:
         rows = []
         for device, rank in self.local.items():
-            for row in self._tail(self.out_dir / "telemetry" / f"worker-{rank}.jsonl"):
+            for row in self._tail(self._telemetry(rank)):
                 self.latest[device] = row
                 rows.append(row)
         return rows
+
+    def _telemetry(self, rank: int) -> Path:
+        return self.out_dir / "telemetry" / f"worker-{rank}.jsonl"
 
     def new_migrations(self) -> list[dict]:
         return self._tail(self.out_dir / "migrations.jsonl") if self.hosts_rank0 else []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import time
 
@@ -29,6 +30,22 @@ def _job_rows(jobs) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
+def run_until_stopped(main) -> None:
+    """Run a daemon's coroutine until SIGTERM or SIGINT, then let it clean up. Both are handled
+    explicitly: SIGTERM is what docker and `drover up` send, and a shell that starts us in the
+    background leaves SIGINT ignored, so Python's KeyboardInterrupt would never come."""
+    async def guarded():
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await main
+        except asyncio.CancelledError:
+            pass
+    asyncio.run(guarded())
+
+
 def _system_command(fn):
     """A command that talks to the control plane at --control-plane (or $DROVER_CONTROL_PLANE)."""
     return click.option("--control-plane", "address", default=client.DEFAULT_ADDRESS, show_default=True,
@@ -42,7 +59,7 @@ def server(db: str, listen: str) -> None:
     """Run the control plane."""
     from .server import serve
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(db, listen))
+    run_until_stopped(serve(db, listen))
 
 
 @cli.command()
@@ -59,7 +76,7 @@ def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     daemon = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}")
     try:
-        asyncio.run(daemon.run_forever())
+        run_until_stopped(daemon.run_forever())
     finally:
         daemon.stop()
 

@@ -66,7 +66,7 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
             raise click.ClickException(f"job {job.id} {job.state}: {job.detail}")
     finally:
         for proc in reversed(procs):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
         for proc in reversed(procs):
             try:
                 proc.wait(timeout=15)

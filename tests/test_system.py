@@ -38,8 +38,18 @@ def events_of(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
 
+def work_of(plan: dict, device: str) -> float:
+    """Blocks x micro-batches a device runs under a plan, shared among its TP group."""
+    return sum((s["layers"][1] - s["layers"][0]) * p["micro_batches"] / len(s["devices"])
+               for p in plan["pipelines"] for s in p["stages"] if device in s["devices"])
+
+
 def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     out = tmp_path / "up"
+    (out / "telemetry").mkdir(parents=True)  # an earlier job's telemetry in a reused out dir is not this job's
+    (out / "telemetry" / "worker-2.jsonl").write_text(json.dumps(
+        {"device": "node-1/0", "step": 999, "plan": 1, "compute_s_per_block_per_micro_batch": 9.0,
+         "p2p_wait_s": 0.0, "grad_sync_s": 0.0}) + "\n")
     run = subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", "2", "--job", str(TINY_JOB),
                                    "--straggle", "node-1/0=3@6", "--out", str(out)],
                          capture_output=True, text=True, timeout=400, cwd=ROOT)
@@ -47,10 +57,16 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     events = events_of(out)
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
-    detected = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"]
-    assert detected and detected[0]["rate"] >= 2.0 and detected[0]["step"] >= 6
-    committed = [e for e in events if e["kind"] == "plan_committed" and e["version"] >= 2]
-    assert committed and committed[0]["step"] >= 6
+    assert all(e["step"] < load_job(TINY_JOB).steps for e in events)
+    # On 2 oversubscribed cores a healthy device is now and then flagged near 1.3x, so the checks
+    # are on the 3x slowdown itself: seen only once it began, then planned around.
+    slow = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"
+            and e["rate"] >= 2.0]
+    assert slow and min(e["step"] for e in slow) >= 6
+    first = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["version"] == 1)
+    adapted = [e for e in events if e["kind"] == "plan_committed" and e["version"] >= 2
+               and e["step"] >= slow[0]["step"]]
+    assert adapted and work_of(adapted[0]["plan"], "node-1/0") < work_of(first, "node-1/0")
     assert any(e["kind"] == "migration_done" for e in events)
     trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
     assert [t["step"] for t in trace] == list(range(load_job(TINY_JOB).steps))
@@ -98,14 +114,18 @@ class LocalCluster:
     def job(self, job_id: str) -> jobs_pb2.Job:
         return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
 
-    def stop(self) -> None:
+    def stop(self) -> list[int | None]:
+        """SIGTERM everything, as docker and `drover up` do; the exit codes (None: had to be killed)."""
         for proc in self.agents + [self.server]:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
+        codes = []
         for proc in self.agents + [self.server]:
             try:
-                proc.wait(timeout=15)
+                codes.append(proc.wait(timeout=15))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                codes.append(None)
+        return codes
 
 
 @pytest.fixture
@@ -209,3 +229,4 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
         "drover: error: NOT_FOUND: unknown job 'job-nope'"]
     bad = run_cli(c.address, "straggle", "node-0/0", "0.5")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
+    assert c.stop() == [0, 0]  # SIGTERM: the agent and the server exit promptly and cleanly
