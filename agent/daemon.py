@@ -22,6 +22,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc
 from control_plane.wire import plan_from_proto
 
 from . import discovery
+from .runtime.launch import start_worker_launcher
 from .workers import JobWorkers
 
 log = logging.getLogger("drover.agent")
@@ -40,6 +41,7 @@ class Agent:
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
+        start_worker_launcher()  # before the agent lowers its priority: workers keep the full one
 
     async def run_forever(self) -> None:
         backoff = 0.2
@@ -54,7 +56,7 @@ class Agent:
             backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with grpc.aio.insecure_channel(self.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             outbox: asyncio.Queue = asyncio.Queue()
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))

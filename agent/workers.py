@@ -7,11 +7,10 @@ import json
 import os
 from pathlib import Path
 
-import torch.multiprocessing as mp
-
 from control_plane.planner.model import model_from_dict
 from control_plane.planner.plan import Plan
 
+from .runtime.launch import worker_context
 from .runtime.worker import WorkerArgs, worker_main
 
 
@@ -32,8 +31,7 @@ class JobWorkers:
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
         spec = model_from_dict(model, "job model")
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
+        ctx = worker_context()
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir

@@ -1,9 +1,9 @@
 """The closed loop, measured: `drover up` with a 3x straggler on one of 4
-devices (or of 2, with --devices-per-node 1). Reports the steps and seconds from the slowdown to detection and to
-the committed plan, samples/s before, while slow and after, and the
-telemetry overhead: a healthy `drover up` against `drover train` of the same
-plan (workers only, no agents streaming, no control plane), alternated
-several times, side by side. Prints JSON.
+devices (or of 2, with --devices-per-node 1). Reports the steps and seconds
+from the slowdown to detection and to the committed plan, samples/s before,
+while slow and after, and the telemetry overhead on step time: within one
+healthy `drover up`, windows with the control plane and agents running
+against windows with them frozen, side by side. Prints JSON.
 
     python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--devices-per-node 2]
 """
@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,35 +34,128 @@ def median_rate(trace: list[dict], lo: int, hi: int) -> float:
     return statistics.median(t["samples_per_s"] for t in trace if lo <= t["step"] < hi)
 
 
-def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, steps: int, rounds: int) -> dict:
-    """A healthy `drover up` against `drover train` of the same plan (workers only: no agents
-    streaming, no control plane), alternated `rounds` times; median step time of each run after
-    warm-up, and the median of the per-round ratios (single runs vary by several percent here)."""
+def process_tree(root: int) -> dict[int, str]:
+    """pid -> command line of `root` and everything under it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tree[pid] = (Path("/proc") / str(pid) / "cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue
+        todo += children.get(pid, [])
+    return tree
+
+
+def cpu_seconds(pids) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int, windows: int) -> dict:
+    """The cost of streaming telemetry on step time, measured inside one healthy `drover up`: the
+    control plane and the agents are frozen (SIGSTOP) in every other window of `window` steps and
+    run in the rest. The same worker processes train throughout, so the comparison carries none of
+    the several-percent spread between separate runs on this machine. Frozen, nothing reads the
+    workers' telemetry; the workers' own part (a line written per step, an inbox glance) goes on
+    in both halves and is timed separately by `worker_side_cost`. The first step of a window
+    straddles the switch and is not counted. Each streaming window's mean step time is compared
+    with the frozen windows either side of it, which cancels slow drift."""
+    warm_up = 4
+    steps = warm_up + window * windows
     job = tmp / "healthy.yaml"
     job.write_text(f"model: {model}\nsteps: {steps}\nseed: 0\n")
-    ratios, rows = [], []
-    for round_ in range(rounds):
-        out = tmp / f"healthy-{round_}"
-        subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
-                                 str(job), "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        plan = next(e["plan"] for e in read(out / "events.jsonl") if e["kind"] == "plan_committed"
-                    and e["version"] == 1)
-        devices = sorted({d for p in plan["pipelines"] for s in p["stages"] for d in s["devices"]}
-                         | set(plan["removed"]))
-        local = {d: f"local/{i}" for i, d in enumerate(devices)}
-        for p in plan["pipelines"]:
-            for s in p["stages"]:
-                s["devices"] = [local[d] for d in s["devices"]]
-        plan["removed"] = [local[d] for d in plan["removed"]]
-        (tmp / "plan.json").write_text(json.dumps(plan))
-        subprocess.run(DROVER + ["train", "--model", model, "--workers", str(len(devices)), "--plan",
-                                 str(tmp / "plan.json"), "--steps", str(steps), "--seed", "0",
-                                 "--out", str(tmp / f"bare-{round_}")], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        with_agents = statistics.median(t["step_time_s"] for t in read(out / "trace.jsonl")[5:])
-        bare = statistics.median(t["step_time_s"] for t in read(tmp / f"bare-{round_}" / "trace.jsonl")[5:])
-        ratios.append(with_agents / bare - 1)
-        rows.append({"step_time_s_with_agents": with_agents, "step_time_s_workers_only": bare})
-    return {"overhead": statistics.median(ratios), "per_round": ratios, "runs": rows, "steps": steps}
+    out = tmp / "healthy"
+    up = subprocess.Popen(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
+                                    str(job), "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    trace_path = out / "trace.jsonl"
+    daemons: list[int] = []
+    frozen, cpu, switch_steps = False, {"daemons": [], "workers": []}, []
+    try:
+        for k in range(windows + 1):
+            boundary = warm_up + k * window  # switch once step boundary - 1 is done
+            while up.poll() is None and sum(1 for _ in _lines(trace_path)) < boundary:
+                time.sleep(0.02)
+            if up.poll() is not None:
+                break
+            if not daemons:
+                tree = process_tree(up.pid)
+                daemons = [p for p, cmd in tree.items() if " server " in cmd or " agent " in cmd]
+                workers = [p for p, cmd in tree.items() if "forkserver" in cmd and p not in daemons]
+            cpu["daemons"].append(cpu_seconds(daemons))
+            cpu["workers"].append(cpu_seconds(workers))
+            switch_steps.append(boundary)
+            frozen = k % 2 == 0 and k < windows  # odd windows stream, even ones are frozen
+            for pid in daemons:
+                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+    finally:
+        for pid in daemons:
+            os.kill(pid, signal.SIGCONT)
+        if up.wait(timeout=300) != 0:
+            raise SystemExit(f"drover up failed; logs in {out / 'logs'}")
+    trace = read(trace_path)
+    rows = []
+    for k in range(windows):
+        lo = warm_up + k * window
+        times = [t["step_time_s"] for t in trace if lo + 1 <= t["step"] < lo + window]
+        rows.append({"steps": [lo, lo + window], "streaming": k % 2 == 1, "mean_step_time_s": statistics.mean(times),
+                     "daemon_cpu_s": cpu["daemons"][k + 1] - cpu["daemons"][k],
+                     "worker_cpu_s": cpu["workers"][k + 1] - cpu["workers"][k]})
+    ratios = [rows[k]["mean_step_time_s"] / statistics.mean([rows[k - 1]["mean_step_time_s"],
+                                                             rows[k + 1]["mean_step_time_s"]]) - 1
+              for k in range(1, windows - 1, 2)]  # each streaming window against the frozen ones around it
+    rng = random.Random(0)
+    resampled = sorted(statistics.mean(rng.choices(ratios, k=len(ratios))) for _ in range(4000))
+    streaming = [r for r in rows if r["streaming"]]
+    return {
+        "overhead": statistics.mean(ratios),
+        "overhead_ci95": [resampled[100], resampled[3899]],  # bootstrap over the window pairs
+        "window_pairs": len(ratios), "steps_per_window": window,
+        "cpu_of_control_plane_and_agents_over_workers": sum(r["daemon_cpu_s"] for r in streaming)
+        / sum(r["worker_cpu_s"] for r in streaming),
+        "worker_side": worker_side_cost(tmp, statistics.mean(r["mean_step_time_s"] for r in rows)),
+        "per_window_pair": ratios,
+    }
+
+
+def _lines(path: Path):
+    try:
+        with path.open() as f:
+            yield from f
+    except OSError:
+        return
+
+
+def worker_side_cost(tmp: Path, step_time_s: float, repeats: int = 2000) -> dict:
+    """What a worker spends per step on telemetry with or without anyone reading it: writing its
+    line and glancing at its inbox, as agent/runtime/worker.py does."""
+    inbox = tmp / "inbox"
+    inbox.mkdir(exist_ok=True)
+    row = {"device": "node-0/0", "step": 1, "plan": 1, "compute_s_per_block_per_micro_batch": 0.01,
+           "p2p_wait_s": 0.001, "grad_sync_s": 0.002, "loss": 4.2}
+    with open(tmp / "telemetry.jsonl", "a") as f:
+        started = time.perf_counter()
+        for _ in range(repeats):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            list(inbox.glob("plan-*.json"))
+            (inbox / "slow-node-0_0.json").exists()
+        per_step = (time.perf_counter() - started) / repeats
+    return {"seconds_per_step": per_step, "share_of_step_time": per_step / step_time_s}
 
 
 def main() -> None:
@@ -67,8 +163,9 @@ def main() -> None:
     parser.add_argument("--model", default=str(ROOT / "examples" / "models" / "small.yaml"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow-at", type=int, default=12)
-    parser.add_argument("--overhead-steps", type=int, default=40)
-    parser.add_argument("--overhead-rounds", type=int, default=3)
+    parser.add_argument("--overhead-window", type=int, default=4, help="steps per window, streaming or frozen")
+    parser.add_argument("--overhead-windows", type=int, default=81,
+                        help="odd, so frozen windows surround every streaming one; single steps vary by ~10%% here")
     parser.add_argument("--devices-per-node", type=int, default=2,
                         help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine")
     args = parser.parse_args()
@@ -91,8 +188,8 @@ def main() -> None:
         while_slow = median_rate(trace, args.slow_at, switch_step)
         after = median_rate(trace, switch_step + 1, args.steps)
 
-        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_steps,
-                                      args.overhead_rounds)
+        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_window,
+                                      args.overhead_windows)
     print(json.dumps({
         "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
         "steps_to_detection": detected["step"] - args.slow_at,

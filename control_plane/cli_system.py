@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import time
@@ -30,10 +31,16 @@ def _job_rows(jobs) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
+DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
+
+
 def run_until_stopped(main) -> None:
-    """Run a daemon's coroutine until SIGTERM or SIGINT, then let it clean up. Both are handled
-    explicitly: SIGTERM is what docker and `drover up` send, and a shell that starts us in the
-    background leaves SIGINT ignored, so Python's KeyboardInterrupt would never come."""
+    """Run a daemon's coroutine at lowered CPU priority until SIGTERM or SIGINT, then let it
+    clean up. Telemetry can wait a few milliseconds; a training step that waits for a daemon
+    holds up the whole pipeline. Both signals are handled explicitly: SIGTERM is what docker
+    and `drover up` send, and a shell that starts us in the background leaves SIGINT ignored,
+    so Python's KeyboardInterrupt would never come."""
+    os.nice(DAEMON_NICENESS)
     async def guarded():
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()

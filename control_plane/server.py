@@ -207,7 +207,7 @@ async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Serve
     store = Store(db if "://" in db else sqlite_url(db))
     cp = ControlPlane(store, **options)
     await cp.recover()
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.http2.bdp_probe", 0)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp), server)
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp), server)
     health_servicer = health.aio.HealthServicer()

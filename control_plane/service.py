@@ -36,6 +36,10 @@ from .wire import plan_to_proto
 TERMINAL = ("completed", "failed", "cancelled")
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
+# Telemetry reaches the database once a second, or sooner once this many samples wait: a
+# small cluster costs one commit a second, a large one stays within a fraction of a second.
+FLUSH_EVERY_S = 1.0
+FLUSH_ROWS = 1_000
 DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is failed
 
 
@@ -101,10 +105,13 @@ class ControlPlane:
                 plan_from_dict(json.loads(plan_row.plan_json)), plan_row.version, job.committed_plan_version,
                 json.loads(plan_row.rates_json), Detector(self.detector_config), step=job.step)
 
-    async def flush_forever(self, every_s: float = 0.25) -> None:
+    async def flush_forever(self, tick_s: float = 0.25) -> None:
+        flushed = time.monotonic()
         while True:
-            await asyncio.sleep(every_s)
-            await self.flush()
+            await asyncio.sleep(tick_s)
+            if self.store.pending >= FLUSH_ROWS or time.monotonic() - flushed >= FLUSH_EVERY_S:
+                flushed = time.monotonic()
+                await self.flush()
             await self._fail_silent_devices()
 
     async def _fail_silent_devices(self) -> None:
@@ -122,14 +129,13 @@ class ControlPlane:
                                       f"devices is not supported yet")
 
     async def flush(self) -> None:
-        await self.store.flush_samples()
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
         self._saved_steps.update(steps)
-        if steps:
-            def save(session):
-                for job_id, step in steps.items():
-                    queries.get_job(session, job_id).step = step
-            await self.store.write(save)
+
+        def save_steps(session):
+            for job_id, step in steps.items():
+                queries.get_job(session, job_id).step = step
+        await self.store.flush_samples(also=save_steps if steps else None)
 
     # -- agents ---------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
         for i in range(nodes):
             procs.append(subprocess.Popen(
                 drover + ["agent", "--control-plane", address, "--node", f"node-{i}", "--cpu-devices",
-                          str(devices_per_node), "--interval", "0.25", "--work-dir", str(out / "agents")],
+                          str(devices_per_node), "--interval", "0.5", "--work-dir", str(out / "agents")],
                 stdout=open(logs / f"agent-{i}.log", "w"), stderr=subprocess.STDOUT))
         stub = client.connect(address)
         _wait_for_nodes(stub, nodes, procs)

@@ -77,15 +77,23 @@ class Store:
         with self._pending_lock:
             self._pending.extend((model, row) for row in rows)
 
-    async def flush_samples(self) -> int:
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush_samples(self, also: Callable[[Session], None] | None = None) -> int:
+        """Write the buffered samples, and `also` if given, in one transaction: one commit per
+        flush keeps a busy control plane's writer cheap."""
         with self._pending_lock:
             rows, self._pending = self._pending, []
         trim = time.time() - self._last_trim >= TRIM_EVERY_S
-        if rows or trim:
-            await self.write(lambda s: self._insert_and_trim(s, rows, trim))
+        if rows or trim or also:
+            await self.write(lambda s: self._insert_and_trim(s, rows, trim, also))
         return len(rows)
 
-    def _insert_and_trim(self, session: Session, rows: list, trim: bool) -> None:
+    def _insert_and_trim(self, session: Session, rows: list, trim: bool, also) -> None:
+        if also:
+            also(session)
         for model in (TelemetrySample, NicSample):
             batch = [row for kind, row in rows if kind is model]
             if batch:  # one executemany per table: thousands of rows a second stay cheap

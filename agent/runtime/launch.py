@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from multiprocessing import connection
+from multiprocessing import connection, forkserver
 
 from control_plane.planner.cluster import Cluster, Gpu, Node
 from control_plane.planner.cost import validate
@@ -62,10 +62,7 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
     if unknown:
         raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are local/0..local/{workers - 1}")
     init = f"tcp://127.0.0.1:{free_port()}"
-    # Workers fork from a server that has imported torch once: starting is
-    # then a fork, not an interpreter and a torch import per worker.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
+    ctx = worker_context()
     procs = []
     for rank in range(workers):
         args = WorkerArgs(rank, workers, init, spec, seed, steps, plans, str(out),
@@ -75,6 +72,21 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
         proc.start()
         procs.append(proc)
     wait_all(procs)
+
+
+def worker_context():
+    """Workers fork from a server that has imported torch once: starting one is then
+    a fork, not an interpreter and a torch import per worker."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
+    return ctx
+
+
+def start_worker_launcher() -> None:
+    """Start the forkserver now. Workers take its CPU priority, so a daemon that starts it
+    before lowering its own keeps its workers at full priority."""
+    worker_context()
+    forkserver.ensure_running()
 
 
 def wait_all(procs) -> None:
