@@ -19,7 +19,7 @@ import grpc
 
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
-from control_plane.wire import plan_from_proto
+from control_plane.wire import STREAM_OPTIONS, plan_from_proto
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
@@ -56,7 +56,7 @@ class Agent:
             backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        async with grpc.aio.insecure_channel(self.address, options=STREAM_OPTIONS) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             outbox: asyncio.Queue = asyncio.Queue()
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))

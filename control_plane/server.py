@@ -22,7 +22,7 @@ from storage.queries import NotFound
 from .planner.errors import PlanError, SpecError
 from .planner.plan import plan_from_dict
 from .service import ControlPlane, FailedPrecondition, InvalidArgument
-from .wire import plan_to_proto
+from .wire import STREAM_OPTIONS, plan_to_proto
 
 log = logging.getLogger("drover.server")
 
@@ -207,7 +207,7 @@ async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Serve
     store = Store(db if "://" in db else sqlite_url(db))
     cp = ControlPlane(store, **options)
     await cp.recover()
-    server = grpc.aio.server(options=[("grpc.http2.bdp_probe", 0)])
+    server = grpc.aio.server(options=STREAM_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp), server)
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp), server)
     health_servicer = health.aio.HealthServicer()

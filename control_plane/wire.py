@@ -10,6 +10,11 @@ from drover.v1 import plan_pb2
 from .planner.plan import Plan, plan_from_dict
 
 
+# For both ends of the agent stream: it carries small messages a few times a second, and
+# HTTP/2 bandwidth probing would add a ping and a wake-up to each.
+STREAM_OPTIONS = [("grpc.http2.bdp_probe", 0)]
+
+
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
     return json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())
 

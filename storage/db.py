@@ -88,7 +88,12 @@ class Store:
             rows, self._pending = self._pending, []
         trim = time.time() - self._last_trim >= TRIM_EVERY_S
         if rows or trim or also:
-            await self.write(lambda s: self._insert_and_trim(s, rows, trim, also))
+            try:
+                await self.write(lambda s: self._insert_and_trim(s, rows, trim, also))
+            except Exception:
+                with self._pending_lock:  # rolled back: keep the samples for the next flush
+                    self._pending[:0] = rows
+                raise
         return len(rows)
 
     def _insert_and_trim(self, session: Session, rows: list, trim: bool, also) -> None:

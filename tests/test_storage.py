@@ -70,6 +70,23 @@ def test_telemetry_batched_and_bounded_by_age(store):
     assert [t.step for t in kept] == [11, 10, 9, 8, 7, 6]
 
 
+def test_flush_is_one_transaction_and_keeps_samples_it_could_not_write(store):
+    store.write_sync(new_job)
+    store.buffer_samples(TelemetrySample, [dict(job_id="j1", device="n/0", time=time.time(), step=3,
+                                                compute_s_per_block=0.1)])
+
+    def set_step_then_fail(session):
+        queries.get_job(session, "j1").step = 3
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(store.flush_samples(also=set_step_then_fail))
+    assert store.read(lambda s: queries.telemetry(s, "j1", "n/0")) == []
+    assert store.read(lambda s: queries.get_job(s, "j1")).step != 3
+    assert asyncio.run(store.flush_samples()) == 1  # still buffered, written by the next flush
+    assert [t.step for t in store.read(lambda s: queries.telemetry(s, "j1", "n/0"))] == [3]
+
+
 def test_concurrent_writers_serialized(store):
     store.write_sync(new_job)
 
