@@ -104,3 +104,14 @@ def test_history_survives_reopen(tmp_path):
     second = Store(sqlite_url(tmp_path / "d.db"))
     assert second.write_sync(lambda s: queries.add_plan(s, "j1", {}, "next").version) == 2
     second.close()
+
+
+def test_a_node_is_what_its_agent_last_said(store):
+    gpu = {"kind": "cuda", "name": "A100", "memory_gib": 80.0, "tflops": 312.0}
+    store.write_sync(lambda s: queries.upsert_node(s, "n", [{"id": "n/0", **gpu}, {"id": "n/1", **gpu}],
+                                                   [{"name": "ib0", "type": "ib", "gbps": 200.0}], "0.1.0"))
+    store.write_sync(lambda s: queries.upsert_node(s, "n", [{"id": "n/0", **gpu, "memory_gib": 40.0}], [], "0.1.1"))
+    devices = store.read(lambda s: queries.devices_of(s, "n"))
+    assert [(d.id, d.memory_gib) for d in devices] == [("n/0", 40.0)]
+    assert store.read(lambda s: queries.nics_of(s, "n")) == []
+    assert store.read(lambda s: queries.get_node(s, "n")).agent_version == "0.1.1"
