@@ -130,12 +130,12 @@ class ControlPlane:
 
     async def flush(self) -> None:
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
-        self._saved_steps.update(steps)
 
         def save_steps(session):
             for job_id, step in steps.items():
                 queries.get_job(session, job_id).step = step
         await self.store.flush_samples(also=save_steps if steps else None)
+        self._saved_steps.update(steps)  # only once they are stored: a failed flush retries them
 
     # -- agents ---------------------------------------------------------------------
 
