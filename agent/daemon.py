@@ -44,16 +44,20 @@ class Agent:
         start_worker_launcher()  # before the agent lowers its priority: workers keep the full one
 
     async def run_forever(self) -> None:
+        """Until cancelled; the workers are stopped on the way out."""
         backoff = 0.2
-        while True:
-            try:
-                await self._session()
-                backoff = 0.2
-            except (grpc.aio.AioRpcError, ConnectionError) as exc:
-                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                log.warning("control plane %s: %s; retrying in %.1fs", self.address, code or exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+        try:
+            while True:
+                try:
+                    await self._session()
+                    backoff = 0.2
+                except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                    log.warning("control plane %s: %s; retrying in %.1fs", self.address, code or exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        finally:
+            self.stop()
 
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self.address, options=STREAM_OPTIONS) as channel:

@@ -32,6 +32,8 @@ class JobWorkers:
         self.hosts_rank0 = 0 in self.local.values()
         spec = model_from_dict(model, "job model")
         ctx = worker_context()
+        if self.hosts_rank0:  # rank 0 rewrites it; an earlier job's must not be read meanwhile
+            (self.out_dir / "migrations.jsonl").unlink(missing_ok=True)
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir

@@ -72,9 +72,10 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
     run in the rest. The same worker processes train throughout, so the comparison carries none of
     the several-percent spread between separate runs on this machine. Frozen, nothing reads the
     workers' telemetry; the workers' own part (a line written per step, an inbox glance) goes on
-    in both halves and is timed separately by `worker_side_cost`. The first step of a window
-    straddles the switch and is not counted. Each streaming window's mean step time is compared
-    with the frozen windows either side of it, which cancels slow drift."""
+    in both halves and is timed separately by `worker_side_cost`. Resumed, the daemons catch up
+    on the frozen window's telemetry inside the streaming one, so the figure errs high. Each
+    streaming window's mean step time is compared with the frozen windows either side of it,
+    which cancels slow drift; windows that hold a plan switch are left out."""
     warm_up = 4
     steps = warm_up + window * windows
     job = tmp / "healthy.yaml"
@@ -82,67 +83,95 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
     out = tmp / "healthy"
     up = subprocess.Popen(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
                                     str(job), "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL)
-    trace_path = out / "trace.jsonl"
-    daemons: list[int] = []
-    frozen, cpu, switch_steps = False, {"daemons": [], "workers": []}, []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the finally below resumes them
+    steps_done = StepCounter(out / "trace.jsonl")
+    daemons, workers, cpu = [], [], []
     try:
         for k in range(windows + 1):
-            boundary = warm_up + k * window  # switch once step boundary - 1 is done
-            while up.poll() is None and sum(1 for _ in _lines(trace_path)) < boundary:
+            boundary = warm_up + k * window  # switch as soon as step `boundary - 1` is done
+            deadline = time.time() + 120
+            while steps_done() < boundary:
+                if up.poll() is not None or time.time() > deadline:
+                    raise SystemExit(f"drover up stopped making steps; logs in {out / 'logs'}")
                 time.sleep(0.02)
-            if up.poll() is not None:
-                break
             if not daemons:
                 tree = process_tree(up.pid)
                 daemons = [p for p, cmd in tree.items() if " server " in cmd or " agent " in cmd]
-                workers = [p for p, cmd in tree.items() if "forkserver" in cmd and p not in daemons]
-            cpu["daemons"].append(cpu_seconds(daemons))
-            cpu["workers"].append(cpu_seconds(workers))
-            switch_steps.append(boundary)
-            frozen = k % 2 == 0 and k < windows  # odd windows stream, even ones are frozen
-            for pid in daemons:
-                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
-    finally:
-        for pid in daemons:
-            os.kill(pid, signal.SIGCONT)
-        if up.wait(timeout=300) != 0:
-            raise SystemExit(f"drover up failed; logs in {out / 'logs'}")
-    trace = read(trace_path)
-    rows = []
+                workers = [p for p, cmd in tree.items() if "forkserver" in cmd]
+            cpu.append((cpu_seconds(daemons), cpu_seconds(workers)))
+            _signal_all(daemons, signal.SIGSTOP if k % 2 == 0 and k < windows else signal.SIGCONT)
+    except BaseException:
+        _signal_all(daemons, signal.SIGCONT)
+        _signal_all(process_tree(up.pid), signal.SIGKILL)
+        raise
+    if up.wait(timeout=300) != 0:
+        raise SystemExit(f"drover up failed; logs in {out / 'logs'}")
+    trace = read(out / "trace.jsonl")
+    means, switched = [], []
     for k in range(windows):
-        lo = warm_up + k * window
-        times = [t["step_time_s"] for t in trace if lo + 1 <= t["step"] < lo + window]
-        rows.append({"steps": [lo, lo + window], "streaming": k % 2 == 1, "mean_step_time_s": statistics.mean(times),
-                     "daemon_cpu_s": cpu["daemons"][k + 1] - cpu["daemons"][k],
-                     "worker_cpu_s": cpu["workers"][k + 1] - cpu["workers"][k]})
-    ratios = [rows[k]["mean_step_time_s"] / statistics.mean([rows[k - 1]["mean_step_time_s"],
-                                                             rows[k + 1]["mean_step_time_s"]]) - 1
-              for k in range(1, windows - 1, 2)]  # each streaming window against the frozen ones around it
-    rng = random.Random(0)
-    resampled = sorted(statistics.mean(rng.choices(ratios, k=len(ratios))) for _ in range(4000))
-    streaming = [r for r in rows if r["streaming"]]
+        inside = [t for t in trace if warm_up + k * window <= t["step"] < warm_up + (k + 1) * window]
+        means.append(statistics.mean(t["step_time_s"] for t in inside))
+        switched.append(len({t["plan"] for t in inside}) > 1)
+    ratios = [means[k] / statistics.mean([means[k - 1], means[k + 1]]) - 1
+              for k in range(1, windows - 1, 2) if not any(switched[k - 1:k + 2])]
     return {
         "overhead": statistics.mean(ratios),
-        "overhead_ci95": [resampled[100], resampled[3899]],  # bootstrap over the window pairs
+        "overhead_ci95": block_bootstrap_ci(ratios),
         "window_pairs": len(ratios), "steps_per_window": window,
-        "cpu_of_control_plane_and_agents_over_workers": sum(r["daemon_cpu_s"] for r in streaming)
-        / sum(r["worker_cpu_s"] for r in streaming),
-        "worker_side": worker_side_cost(tmp, statistics.mean(r["mean_step_time_s"] for r in rows)),
+        "plans_committed_while_measuring": len({t["plan"] for t in trace}) - 1,
+        # All windows: what the daemons catch up on after a frozen one is spent in the next.
+        "cpu_of_control_plane_and_agents_over_workers": (cpu[-1][0] - cpu[0][0]) / (cpu[-1][1] - cpu[0][1]),
+        "worker_side": worker_side_cost(tmp, statistics.mean(means)),
         "per_window_pair": ratios,
     }
 
 
-def _lines(path: Path):
-    try:
-        with path.open() as f:
-            yield from f
-    except OSError:
-        return
+def _signal_all(pids, signum) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+class StepCounter:
+    """Lines in a growing trace file, read incrementally."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.count = path, 0, 0
+
+    def __call__(self) -> int:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return self.count
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        self.count += complete.count(b"\n")
+        return self.count
+
+
+def block_bootstrap_ci(values: list[float], block: int = 3, rounds: int = 4000) -> list[float]:
+    """95% interval of the mean by a moving-block bootstrap: neighbouring sandwich ratios share a
+    frozen window, so they are resampled in runs of `block`, not one by one."""
+    rng, n = random.Random(0), len(values)
+    means = []
+    for _ in range(rounds):
+        sample: list[float] = []
+        while len(sample) < n:
+            start = rng.randrange(n - block + 1)
+            sample += values[start:start + block]
+        means.append(statistics.mean(sample[:n]))
+    means.sort()
+    return [means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]]
 
 
 def worker_side_cost(tmp: Path, step_time_s: float, repeats: int = 2000) -> dict:
-    """What a worker spends per step on telemetry with or without anyone reading it: writing its
-    line and glancing at its inbox, as agent/runtime/worker.py does."""
+    """What a worker spends per step on telemetry with or without anyone reading it: the same
+    operations as agent/runtime/worker.py's step loop (write and flush its line, glance at its
+    inbox), timed here in a loop, where the step's own noise cannot hide them."""
     inbox = tmp / "inbox"
     inbox.mkdir(exist_ok=True)
     row = {"device": "node-0/0", "step": 1, "plan": 1, "compute_s_per_block_per_micro_batch": 0.01,

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import click
 
@@ -34,18 +35,38 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON."
 DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
 
 
+def lower_priority(by: int) -> None:
+    """Linux keeps a niceness per thread and new threads inherit their creator's: lower every
+    thread there is now (an import may have started some), and those to come follow."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        os.nice(by)
+        return
+    for tid in (int(t.name) for t in tasks.iterdir()):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + by, 19))
+        except ProcessLookupError:
+            pass  # that thread has ended
+
+
 def run_until_stopped(main) -> None:
     """Run a daemon's coroutine at lowered CPU priority until SIGTERM or SIGINT, then let it
     clean up. Telemetry can wait a few milliseconds; a training step that waits for a daemon
     holds up the whole pipeline. Both signals are handled explicitly: SIGTERM is what docker
     and `drover up` send, and a shell that starts us in the background leaves SIGINT ignored,
-    so Python's KeyboardInterrupt would never come."""
-    os.nice(DAEMON_NICENESS)
+    so Python's KeyboardInterrupt would never come. A second signal does not cut the clean-up
+    short (SIGKILL still does)."""
+    lower_priority(DAEMON_NICENESS)
+
     async def guarded():
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+        def stop():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, lambda: None)
+            task.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, task.cancel)
+            loop.add_signal_handler(signum, stop)
         try:
             await main
         except asyncio.CancelledError:
@@ -81,11 +102,7 @@ def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: 
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from agent.daemon import Agent
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    daemon = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}")
-    try:
-        run_until_stopped(daemon.run_forever())
-    finally:
-        daemon.stop()
+    run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}").run_forever())
 
 
 @cli.group()
@@ -100,7 +117,6 @@ def job() -> None:
 @json_option
 def job_submit(job_file: str, out_dir: str, address: str, as_json: bool) -> None:
     """Submit a job file (model, steps, seed)."""
-    from pathlib import Path
     path = Path(job_file)
     try:
         text = path.read_text()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .planner.simulate import migration_seconds
 from .ports import free_port
 from .wire import plan_to_proto
 
+log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
@@ -111,7 +113,10 @@ class ControlPlane:
             await asyncio.sleep(tick_s)
             if self.store.pending >= FLUSH_ROWS or time.monotonic() - flushed >= FLUSH_EVERY_S:
                 flushed = time.monotonic()
-                await self.flush()
+                try:
+                    await self.flush()
+                except Exception:  # the samples stay buffered; the next tick tries again
+                    log.exception("telemetry flush failed")
             await self._fail_silent_devices()
 
     async def _fail_silent_devices(self) -> None:
@@ -157,6 +162,10 @@ class ControlPlane:
             if not d["id"].startswith(hello.node + "/"):
                 raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
         nics = [{"name": n.name, "type": n.type, "gbps": n.gbps} for n in hello.nics]
+        for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):
+            repeated = sorted({x for x in names if names.count(x) > 1})
+            if repeated:
+                raise InvalidArgument(f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique")
         await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
         running_here = {j.job_id: j for j in hello.jobs if j.state == "running"}
         for ended in (j for j in hello.jobs if j.state in ("completed", "failed")):

@@ -88,8 +88,10 @@ class Store:
             rows, self._pending = self._pending, []
         trim = time.time() - self._last_trim >= TRIM_EVERY_S
         if rows or trim or also:
-            try:
-                await self.write(lambda s: self._insert_and_trim(s, rows, trim, also))
+            try:  # shielded: a flush cancelled at shutdown still writes what it took
+                await asyncio.shield(self.write(lambda s: self._insert_and_trim(s, rows, trim, also)))
+            except asyncio.CancelledError:
+                raise
             except Exception:
                 with self._pending_lock:  # rolled back: keep the samples for the next flush
                     self._pending[:0] = rows

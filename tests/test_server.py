@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from conftest import ROOT
 from control_plane.server import start_server, stop_server
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from storage.models import TelemetrySample
 
 JOB = (ROOT / "examples" / "jobs" / "tiny.yaml").read_text()
 BASE = str(ROOT / "examples" / "jobs")
@@ -156,6 +158,34 @@ async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == "running"  # server carries on
 
 
+def _device(device_id: str) -> agent_pb2.Device:
+    return agent_pb2.Device(id=device_id, kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
+
+
+@pytest.mark.parametrize("hello, fragment", [
+    (agent_pb2.Hello(node="rack/1", devices=[_device("rack/1/0")]), "hello.node"),
+    (agent_pb2.Hello(node="node-9", devices=[_device("node-8/0")]), "hello.devices.id"),
+    (agent_pb2.Hello(node="node-9", devices=[_device("node-9/0"), _device("node-9/0")]), "more than once"),
+    (agent_pb2.Hello(node="node-9", devices=[_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2),
+     "hello.nics.name"),
+])
+async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
+    cp, jobs, agents, _, tmp = plane
+    outbox: asyncio.Queue = asyncio.Queue()
+    outbox.put_nowait(agent_pb2.AgentMessage(hello=hello))
+
+    async def requests():
+        while True:
+            yield await outbox.get()
+    call = agents.Connect(requests())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(call.read(), 10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
+    ScriptedAgent(agents, "node-0")  # the server carries on, and kept nothing of the bad hello
+    await connected(jobs, 1)
+    assert [n.name for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes] == ["node-0"]
+
+
 async def test_wrong_generation_rejected(plane):
     cp, jobs, agents, _, tmp = plane
     agent = ScriptedAgent(agents, "node-0")
@@ -200,3 +230,26 @@ async def test_device_that_stops_reporting_fails_the_job(tmp_path):
     finally:
         await channel.close()
         await stop_server(server, cp)
+
+
+async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, monkeypatch):
+    cp, jobs, agents, _, tmp = plane
+    agent = ScriptedAgent(agents, "node-0")
+    await connected(jobs, 1)
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
+    await agent.receive()
+    write, failures = cp.store._insert_and_trim, []
+
+    def fails_once(*args):
+        if not failures:
+            failures.append("disk full")
+            raise OSError("disk full")
+        return write(*args)
+    monkeypatch.setattr(cp.store, "_insert_and_trim", fails_once)
+    agent.send(telemetry=agent_pb2.Telemetry(time=time.time(), job_id=job.id, active_plan_version=1, devices=[
+        agent_pb2.DeviceSample(device="node-0/0", step=1, compute_s_per_block=0.1)]))
+    for _ in range(100):  # the periodic flush, not a query's, must store it
+        if failures and cp.store.count(TelemetrySample) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert failures and cp.store.count(TelemetrySample) == 1
