@@ -36,8 +36,10 @@ DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where th
 
 
 def lower_priority(by: int) -> None:
-    """Linux keeps a niceness per thread and new threads inherit their creator's: lower every
-    thread there is now (an import may have started some), and those to come follow."""
+    """Niceness +`by`, and on Linux SCHED_BATCH: a daemon thread that wakes then waits for the
+    running worker's time slice to end instead of preempting it, yet keeps its fair share, so
+    it cannot starve. Linux keeps both per thread and new threads inherit their creator's:
+    every thread there is now (an import may have started some) is changed, later ones follow."""
     tasks = Path("/proc/self/task")
     if not tasks.is_dir():
         os.nice(by)
@@ -45,6 +47,7 @@ def lower_priority(by: int) -> None:
     for tid in (int(t.name) for t in tasks.iterdir()):
         try:
             os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + by, 19))
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except ProcessLookupError:
             pass  # that thread has ended
 

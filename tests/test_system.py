@@ -192,6 +192,8 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     started_at = os.getpriority(os.PRIO_PROCESS, 0)
     assert os.getpriority(os.PRIO_PROCESS, c.agents[1].pid) == min(started_at + 10, 19)
     assert [os.getpriority(os.PRIO_PROCESS, w) for w in workers] == [started_at] * 2
+    assert os.sched_getscheduler(c.agents[1].pid) == os.SCHED_BATCH  # waits its turn rather than preempt
+    assert [os.sched_getscheduler(w) for w in workers] == [os.SCHED_OTHER] * 2
     os.kill(workers[-1], signal.SIGKILL)
     final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != "running" else None, 120)
     assert final.state == "failed" and "exited" in final.detail
