@@ -37,6 +37,8 @@ def job_from_yaml(text: str, base_dir: str | Path = ".", source: str = "job") ->
         model = model_from_dict(model_data, f"{source}: model")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
+    if model.family != "gpt":  # the planner plans llama; the workers build gpt blocks only, for now
+        raise f.error("model.family", model.family, "gpt (the training runtime builds gpt blocks only)")
     return JobSpec(model, model_data, f.integer("steps"), f.integer("seed", 0, minimum=0))
 
 

@@ -36,6 +36,9 @@ MODEL_VARIANTS = {
     "gpt-7b": dict(layers=32, hidden=4096, ffn_hidden=16384, heads=32, seq_len=4096, vocab=32000,
                    global_batch=256, micro_batch=1),
     "gpt-1b": dict(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=32000, global_batch=128, micro_batch=2),
+    # two key/value heads: rule 6 allows TP of 1 or 2 only
+    "llama-gqa": dict(family="llama", layers=32, hidden=4096, heads=32, kv_heads=2, seq_len=4096, vocab=128256,
+                      global_batch=256, micro_batch=1),
 }
 
 

@@ -103,3 +103,12 @@ def test_every_command_is_documented():
         for sub in subcommands or [None]:
             spelled = f"drover {name}" + (f" {sub}" if sub else "")
             assert spelled in doc, f"{spelled} is missing from docs/cli.md"
+
+
+def test_plan_for_a_llama_model_keeps_tp_within_kv_heads(capsys):
+    llama = ROOT / "examples" / "models" / "llama-8b.yaml"
+    main(["plan", "--cluster", str(CLUSTER), "--model", str(llama), "--json"])
+    plan = plan_from_dict(json.loads(capsys.readouterr().out))
+    model = load_model(llama)
+    validate(plan, load_cluster(CLUSTER), model)
+    assert all(model.kv_heads % len(s.devices) == 0 for p in plan.pipelines for s in p.stages)

@@ -134,6 +134,9 @@ GOOD_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1
     ({"micro_batch": 3}, "micro_batch"),
     ({"mfu": 1.5}, "mfu"),
     ({"vocab": None}, "vocab"),
+    ({"family": "mamba"}, "family"),
+    ({"kv_heads": 2}, "kv_heads"),  # gpt is multi-head: kv_heads = heads
+    ({"family": "llama", "kv_heads": 3}, "kv_heads"),
 ])
 def test_bad_model_fields_named(change, field):
     with pytest.raises(SpecError) as info:
@@ -146,6 +149,25 @@ def test_model_defaults():
     assert m.ffn_hidden == 4 * 256 and m.mfu == 0.5 and m.micro_batches == 4
 
 
+def test_llama_block_by_the_spec_formulas():
+    m = model_from_dict({**GOOD_MODEL, "family": "llama", "hidden": 4096, "heads": 32, "kv_heads": 8})
+    h, f = 4096, 11008  # the llama default: 256 * ceil(floor(8h/3) / 256)
+    assert m.ffn_hidden == f
+    assert m.block_params == 2 * h * h + 2 * h * (h * 8 // 32) + 3 * h * f
+    assert m.block_flops == 2 * 2 * 128 * m.block_params + 4 * 2 * 128 * 128 * h
+    assert model_from_dict({**GOOD_MODEL, "family": "llama"}).kv_heads == 4  # default: heads
+
+
+def test_tp_must_divide_kv_heads(tiny):
+    cluster, _ = tiny
+    model = model_from_dict({**GOOD_MODEL, "family": "llama", "global_batch": 8, "micro_batch": 1, "kv_heads": 1})
+    plan = _small_plan(pipelines=[{"micro_batches": 8, "stages": [{"devices": ["n0/0", "n0/1"], "layers": [0, 4]}]}],
+                       removed=["n0/2", "n0/3"])
+    with pytest.raises(PlanError) as info:
+        validate(plan_from_dict(plan), cluster, model)
+    assert info.value.rule == "tp-does-not-divide-heads" and "kv_heads (1)" in str(info.value)
+
+
 def test_unreadable_and_malformed_files(tmp_path):
     with pytest.raises(SpecError, match="readable cluster file"):
         load_cluster(tmp_path / "missing.yaml")
@@ -156,3 +178,10 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("- just a list")
     with pytest.raises(SpecError, match="mapping"):
         load_model(bad)
+
+
+def test_job_with_a_model_the_runtime_cannot_build_is_refused():
+    from control_plane.jobfile import job_from_yaml
+    with pytest.raises(SpecError) as info:
+        job_from_yaml(json.dumps({"model": {**GOOD_MODEL, "family": "llama"}, "steps": 2}), source="job.yaml")
+    assert info.value.field == "model.family" and "gpt" in str(info.value)

@@ -14,7 +14,7 @@ from control_plane.planner.grouping import form_groups
 from control_plane.planner.orchestration import partition_layers
 from control_plane.planner.search import SPLIT_RATIO, make_plan
 
-VARIANTS = list(itertools.product(CLUSTER_VARIANTS, ["gpt-7b", "gpt-1b"]))
+VARIANTS = list(itertools.product(CLUSTER_VARIANTS, ["gpt-7b", "gpt-1b", "llama-gqa"]))
 
 
 def _samples(cluster, model, strategy):

@@ -116,7 +116,7 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
     (plan((8, [([0], (0, 3))]), removed=[1, 2, 3]), "layer-gap"),
     (plan((8, [([0], (0, 4))]), removed=[1, 2, 3, 7]), "unknown-device"),
     (plan((8, [([0], (0, 4))]), removed=[1, 2]), "device-neither-used-nor-removed"),
-    (plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-size-does-not-divide-model"),
+    (plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-does-not-divide-heads"),
 ])
 def test_bad_plans_refused_before_workers_start(bad, rule, spec, tmp_path):
     with pytest.raises(PlanError) as info:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from control_plane.planner.errors import SpecError
 from control_plane.planner.model import ModelSpec
 from control_plane.planner.plan import Plan, plan_from_dict
 
@@ -59,6 +60,8 @@ class WorkerArgs:
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
+    if spec.family != "gpt":
+        raise SpecError(spec.name, "family", spec.family, "gpt (the training runtime builds gpt blocks only)")
     return GPTConfig(spec.layers, spec.hidden, spec.ffn_hidden, spec.heads, spec.seq_len, spec.vocab)
 
 

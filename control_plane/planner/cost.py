@@ -198,6 +198,10 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
             where = f"pipelines[{i}].stages[{j}]"
             if len({devices[d].node for d in s.devices}) > 1:
                 raise PlanError("tp-group-across-nodes", f"{where} devices {list(s.devices)} span several nodes")
+            if not model.tp_divides(len(s.devices)):
+                raise PlanError("tp-does-not-divide-heads",
+                                f"{where} has {len(s.devices)} devices; its TP size must divide heads "
+                                f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads})")
             if s.n < 1:
                 raise PlanError("empty-stage", f"{where} layers {list(s.layers)} hold no block (n must be >= 1)")
             if s.layers[0] > expected:

@@ -36,7 +36,7 @@ def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
     biggest = max(n.gpus for n in cluster.nodes)
     sizes, t = [], 1
     while t <= biggest:
-        if model.heads % t == 0 and model.ffn_hidden % t == 0:
+        if model.tp_divides(t):
             sizes.append(t)
         t *= 2
     return sizes

@@ -1,4 +1,7 @@
-"""The model: a GPT-style decoder described by a few numbers (section 2)."""
+"""The model: a decoder of `layers` identical blocks described by a few numbers
+(section 2). `family` picks the block: gpt (LayerNorm, GELU MLP, multi-head
+attention) or llama (RMSNorm, SwiGLU MLP, grouped-query attention, rotary
+positions)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,16 @@ class ModelSpec:
     global_batch: int  # B
     micro_batch: int  # b
     mfu: float = 0.5
+    family: str = "gpt"
+    kv_heads: int = 0  # key/value heads; 0 means heads (multi-head attention)
+
+    def __post_init__(self):
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.heads)
+
+    def tp_divides(self, t: int) -> bool:
+        """Rule 6: tensor parallelism splits whole heads, key/value heads and MLP columns."""
+        return self.heads % t == 0 and self.ffn_hidden % t == 0 and self.kv_heads % t == 0
 
     @property
     def micro_batches(self) -> int:  # M
@@ -28,8 +41,8 @@ class ModelSpec:
 
     @cached_property
     def block_flops(self) -> float:  # F: forward FLOP of one block per micro-batch
-        b, s, h, f = self.micro_batch, self.seq_len, self.hidden, self.ffn_hidden
-        return 2 * b * s * (4 * h * h + 2 * h * f) + 4 * b * s * s * h
+        b, s, h = self.micro_batch, self.seq_len, self.hidden
+        return 2 * b * s * self.block_params + 4 * b * s * s * h
 
     @cached_property
     def head_flops(self) -> float:  # FH
@@ -37,8 +50,10 @@ class ModelSpec:
 
     @cached_property
     def block_params(self) -> int:  # P
-        h = self.hidden
-        return 4 * h * h + 2 * h * self.ffn_hidden
+        h, f = self.hidden, self.ffn_hidden
+        if self.family == "llama":  # q and o, k and v (kv_heads of heads), gate, up and down
+            return 2 * h * h + 2 * h * (h * self.kv_heads // self.heads) + 3 * h * f
+        return 4 * h * h + 2 * h * f
 
     @cached_property
     def embedding_params(self) -> int:  # PE (the head has its own, untied)
@@ -57,17 +72,32 @@ class ModelSpec:
         return self.layers * self.block_params + 2 * self.embedding_params
 
 
-_KEYS = {"name", "layers", "hidden", "ffn_hidden", "heads", "seq_len", "vocab",
+_KEYS = {"name", "family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab",
          "global_batch", "micro_batch", "mfu"}
+FAMILIES = ("gpt", "llama")
+
+
+def default_ffn_hidden(family: str, hidden: int) -> int:
+    if family == "llama":  # 2/3 of 4h, rounded up to a multiple of 256
+        return 256 * -(-(8 * hidden // 3) // 256)
+    return 4 * hidden
 
 
 def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
     f = Fields(data, source)
     f.reject_unknown(_KEYS)
+    family = f.string("family", "gpt")
+    if family not in FAMILIES:
+        raise f.error("family", family, f"one of {', '.join(FAMILIES)}")
     hidden = f.integer("hidden")
     heads = f.integer("heads")
     if hidden % heads:
         raise f.error("heads", heads, f"a divisor of hidden ({hidden})")
+    kv_heads = f.integer("kv_heads", heads)
+    if family == "gpt" and kv_heads != heads:
+        raise f.error("kv_heads", kv_heads, f"equal to heads ({heads}) for family gpt (multi-head attention)")
+    if heads % kv_heads:
+        raise f.error("kv_heads", kv_heads, f"a divisor of heads ({heads})")
     global_batch = f.integer("global_batch")
     micro_batch = f.integer("micro_batch")
     if global_batch % micro_batch:
@@ -76,13 +106,15 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         name=f.string("name", Path(source).stem),
         layers=f.integer("layers"),
         hidden=hidden,
-        ffn_hidden=f.integer("ffn_hidden", 4 * hidden),
+        ffn_hidden=f.integer("ffn_hidden", default_ffn_hidden(family, hidden)),
         heads=heads,
         seq_len=f.integer("seq_len"),
         vocab=f.integer("vocab"),
         global_batch=global_batch,
         micro_batch=micro_batch,
         mfu=f.number("mfu", 0.5, maximum=1.0),
+        family=family,
+        kv_heads=kv_heads,
     )
 
 
