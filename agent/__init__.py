@@ -1,3 +1,3 @@
-"""The per-node agent: discovers GPUs and NICs, streams telemetry, runs the
-job's workers and applies new plans. Built by the runtime and control-plane
-issues; the planner foundation does not use it yet."""
+"""The per-node agent: discovers GPUs and NICs, streams telemetry to the
+control plane, runs the job's worker processes (`supervisor`) and hands them
+new plans. `runtime/` is the torch side that runs inside each worker."""

@@ -19,11 +19,11 @@ import grpc
 
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
-from control_plane.wire import STREAM_OPTIONS, plan_from_proto
+from drover.planner.wire import STREAM_OPTIONS, plan_from_proto
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
-from .workers import JobWorkers
+from .supervisor import JobWorkers
 
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"

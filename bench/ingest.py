@@ -28,10 +28,9 @@ from pathlib import Path
 import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from control_plane.ports import free_port  # noqa: E402
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc  # noqa: E402
+from drover.planner.ports import free_port
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 DEVICES = 8
 CHANNELS = 20  # streams spread over several HTTP/2 connections, as separate agents would be
@@ -104,7 +103,7 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "ingest.db"
         address = f"127.0.0.1:{free_port()}"
-        server = subprocess.Popen([sys.executable, "-m", "control_plane", "server", "--db", str(db), "--listen",
+        server = subprocess.Popen([sys.executable, "-m", "drover.cli", "server", "--db", str(db), "--listen",
                                    address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]

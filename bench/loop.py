@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DROVER = [sys.executable, "-m", "control_plane"]
+DROVER = [sys.executable, "-m", "drover.cli"]
 
 
 def read(path: Path) -> list[dict]:

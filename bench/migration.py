@@ -24,14 +24,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from agent.runtime.launch import train_workers  # noqa: E402
-from control_plane.ports import free_port  # noqa: E402
-from agent.runtime.worker import config_of  # noqa: E402
-from agent.runtime.model import GPT  # noqa: E402
-from control_plane.planner.model import load_model  # noqa: E402
-from control_plane.planner.plan import plan_from_dict  # noqa: E402
+from drover.agent.runtime.launch import train_workers
+from drover.planner.ports import free_port
+from drover.agent.runtime.worker import config_of
+from drover.agent.runtime.model import GPT
+from drover.planner.model import load_model
+from drover.planner.plan import plan_from_dict
 
 SPEC = load_model(ROOT / "examples" / "models" / "bench-60m.yaml")
 SWITCH_STEP, STEPS, SEED = 2, 3, 0

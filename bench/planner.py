@@ -18,13 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from control_plane.planner.cluster import cluster_from_dict  # noqa: E402
-from control_plane.planner.cost import validate  # noqa: E402
-from control_plane.planner.errors import PlanError  # noqa: E402
-from control_plane.planner.model import load_model  # noqa: E402
-from control_plane.planner.search import make_plan  # noqa: E402
+from drover.planner.cluster import cluster_from_dict
+from drover.planner.cost import validate
+from drover.planner.errors import PlanError
+from drover.planner.model import load_model
+from drover.planner.search import make_plan
 
 A100 = {"name": "A100-80G", "tflops": 312, "memory_gib": 80}
 NICS = {

@@ -23,11 +23,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from agent.runtime.launch import local_cluster, train_workers  # noqa: E402
-from control_plane.planner.model import model_from_dict  # noqa: E402
-from control_plane.planner.search import make_plan  # noqa: E402
+from drover.agent.runtime.launch import local_cluster, train_workers
+from drover.planner.model import model_from_dict
+from drover.planner.search import make_plan
 
 SPEC = model_from_dict({"name": "bench-runtime", "layers": 8, "hidden": 256, "ffn_hidden": 1024, "heads": 8,
                         "seq_len": 64, "vocab": 1024, "global_batch": 24, "micro_batch": 2})

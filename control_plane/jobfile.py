@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from .planner.errors import SpecError
-from .planner.model import ModelSpec, model_from_dict
-from .planner.spec_io import Fields, load_mapping
+from drover.planner.errors import SpecError
+from drover.planner.model import ModelSpec, model_from_dict
+from drover.planner.spec_io import Fields, load_mapping
 
 
 @dataclass(frozen=True)

@@ -1,2 +1,2 @@
 """SQLAlchemy models and queries for the control plane's history (nodes,
-devices, jobs, plans, telemetry, events). Built by the control-plane issue."""
+devices, jobs, plans, telemetry, events); SQLite by default."""

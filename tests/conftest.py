@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.planner.cluster import cluster_from_dict
-from control_plane.planner.model import model_from_dict
+from drover.planner.cluster import cluster_from_dict
+from drover.planner.model import model_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_EXAMPLES = Path(os.environ.get("DROVER_SPEC_EXAMPLES", ROOT.parent / "shared" / "spec" / "examples"))

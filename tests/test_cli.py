@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from conftest import ROOT
-from control_plane.cli import main
-from control_plane.planner.cluster import load_cluster
-from control_plane.planner.cost import validate
-from control_plane.planner.model import load_model
-from control_plane.planner.plan import plan_from_dict
+from drover.cli import main
+from drover.planner.cluster import load_cluster
+from drover.planner.cost import validate
+from drover.planner.model import load_model
+from drover.planner.plan import plan_from_dict
 
 CLUSTER = ROOT / "examples" / "clusters" / "a100-64-stragglers.yaml"
 MODEL = ROOT / "examples" / "models" / "gpt-7b.yaml"
@@ -22,7 +22,7 @@ MODEL = ROOT / "examples" / "models" / "gpt-7b.yaml"
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     drover = shutil.which("drover", path=str(ROOT / ".venv" / "bin")) or shutil.which("drover")
-    cmd = [drover] if drover else [sys.executable, "-m", "control_plane"]
+    cmd = [drover] if drover else [sys.executable, "-m", "drover.cli"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
@@ -95,8 +95,8 @@ def test_simulate_bad_events_exit_2(tmp_path):
 
 
 def test_every_command_is_documented():
-    from control_plane import cli_system, up  # noqa: F401  (registers the commands)
-    from control_plane.cli import cli
+    from drover.cli import remote, up  # noqa: F401  (registers the commands)
+    from drover.cli import cli
     doc = (ROOT / "docs" / "cli.md").read_text()
     for name, command in cli.commands.items():
         subcommands = getattr(command, "commands", {})

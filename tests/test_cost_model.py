@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from control_plane.planner.cluster import cluster_from_dict, load_cluster
-from control_plane.planner.cost import evaluate, validate
-from control_plane.planner.errors import PlanError, SpecError
-from control_plane.planner.model import load_model, model_from_dict
-from control_plane.planner.plan import load_plan, plan_from_dict
+from drover.planner.cluster import cluster_from_dict, load_cluster
+from drover.planner.cost import evaluate, validate
+from drover.planner.errors import PlanError, SpecError
+from drover.planner.model import load_model, model_from_dict
+from drover.planner.plan import load_plan, plan_from_dict
 
 
 def _example_dirs(root):
@@ -181,7 +181,7 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 
 def test_job_with_a_model_the_runtime_cannot_build_is_refused():
-    from control_plane.jobfile import job_from_yaml
+    from drover.control_plane.jobfile import job_from_yaml
     with pytest.raises(SpecError) as info:
         job_from_yaml(json.dumps({"model": {**GOOD_MODEL, "family": "llama"}, "steps": 2}), source="job.yaml")
     assert info.value.field == "model.family" and "gpt" in str(info.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.detector import Detector, DetectorConfig
+from drover.control_plane.detector import Detector, DetectorConfig
 
 
 def feed(detector: Detector, series: dict[str, list[float]], waits: dict[str, list[float]] | None = None) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from test_runtime import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN
-from agent.runtime import layout
-from agent.runtime.model import EMBED, HEAD, GPT, GPTConfig, build_part
-from agent.runtime import data
+from drover.agent.runtime import layout
+from drover.agent.runtime.model import EMBED, HEAD, GPT, GPTConfig, build_part
+from drover.agent.runtime import data
 
 RANKS = {f"local/{i}": i for i in range(4)}
 L = 4

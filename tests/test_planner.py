@@ -7,12 +7,12 @@ import itertools
 import pytest
 
 from conftest import CLUSTER_VARIANTS, make_cluster, make_model
-from control_plane.planner.assignment import assign_micro_batches
-from control_plane.planner.cost import evaluate, validate
-from control_plane.planner.errors import PlanError
-from control_plane.planner.grouping import form_groups
-from control_plane.planner.orchestration import partition_layers
-from control_plane.planner.search import SPLIT_RATIO, make_plan
+from drover.planner.assignment import assign_micro_batches
+from drover.planner.cost import evaluate, validate
+from drover.planner.errors import PlanError
+from drover.planner.grouping import form_groups
+from drover.planner.orchestration import partition_layers
+from drover.planner.search import SPLIT_RATIO, make_plan
 
 VARIANTS = list(itertools.product(CLUSTER_VARIANTS, ["gpt-7b", "gpt-1b", "llama-gqa"]))
 

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from control_plane.planner.cluster import cluster_from_dict
-from control_plane.planner.cost import validate
-from control_plane.planner.errors import PlanError
-from control_plane.planner.model import model_from_dict
-from control_plane.planner.search import make_plan
+from drover.planner.cluster import cluster_from_dict
+from drover.planner.cost import validate
+from drover.planner.errors import PlanError
+from drover.planner.model import model_from_dict
+from drover.planner.search import make_plan
 
 GPUS = [{"name": "A100-80G", "tflops": 312, "memory_gib": 80},
         {"name": "A10-24G", "tflops": 125, "memory_gib": 24},

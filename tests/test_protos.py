@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from control_plane.planner.plan import load_plan
-from control_plane.wire import plan_from_proto, plan_to_proto
+from drover.planner.plan import load_plan
+from drover.planner.wire import plan_from_proto, plan_to_proto
 from google.protobuf import json_format
 
 GENERATED = sorted(p.name for p in (ROOT / "protos" / "drover" / "v1").glob("*_pb2*.py*"))
@@ -41,7 +41,7 @@ def test_plan_json_is_the_spec_format(spec_examples):
 
 def test_predicted_survives_the_round_trip():
     from conftest import make_cluster, make_model
-    from control_plane.planner.search import make_plan
+    from drover.planner.search import make_plan
     plan = make_plan(make_cluster("one-straggler"), make_model("gpt-1b"))
     back = plan_from_proto(plan_to_proto(plan))
     assert back == plan and back.predicted == plan.predicted

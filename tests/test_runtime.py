@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import ROOT
-from control_plane.planner.errors import PlanError
-from control_plane.planner.model import load_model
-from control_plane.planner.plan import plan_from_dict
-from agent.runtime.launch import check_plan, train_reference, train_workers
+from drover.planner.errors import PlanError
+from drover.planner.model import load_model
+from drover.planner.plan import plan_from_dict
+from drover.agent.runtime.launch import check_plan, train_reference, train_workers
 
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
 STEPS, SEED = 5, 3

@@ -14,9 +14,9 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ROOT
-from control_plane.server import start_server, stop_server
+from drover.control_plane.api import start_server, stop_server
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
-from storage.models import TelemetrySample
+from drover.storage.models import TelemetrySample
 
 JOB = (ROOT / "examples" / "jobs" / "tiny.yaml").read_text()
 BASE = str(ROOT / "examples" / "jobs")

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.planner import simulate as sim
-from control_plane.planner.cluster import cluster_from_dict, load_cluster
-from control_plane.planner.cost import evaluate
-from control_plane.planner.errors import SpecError
-from control_plane.planner.model import load_model, model_from_dict
-from control_plane.planner.search import make_plan
-from control_plane.planner.simulate import Events, NodeJoin, RateChange, events_from_dict, load_events, simulate
+from drover.planner import simulate as sim
+from drover.planner.cluster import cluster_from_dict, load_cluster
+from drover.planner.cost import evaluate
+from drover.planner.errors import SpecError
+from drover.planner.model import load_model, model_from_dict
+from drover.planner.search import make_plan
+from drover.planner.simulate import Events, NodeJoin, RateChange, events_from_dict, load_events, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 200

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from storage import queries
-from storage.db import Store, sqlite_url
-from storage.models import Job, TelemetrySample
+from drover.storage import queries
+from drover.storage.db import Store, sqlite_url
+from drover.storage.models import Job, TelemetrySample
 
 
 def new_job(session, job_id="j1"):

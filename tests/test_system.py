@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from conftest import ROOT
-from agent.runtime.launch import train_reference
-from control_plane.jobfile import load_job
-from control_plane.ports import free_port
+from drover.agent.runtime.launch import train_reference
+from drover.control_plane.jobfile import load_job
+from drover.planner.ports import free_port
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
 
-DROVER = [sys.executable, "-m", "control_plane"]
+DROVER = [sys.executable, "-m", "drover.cli"]
 TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 

@@ -11,12 +11,12 @@ import torch
 import torch.multiprocessing as mp
 from multiprocessing import connection, forkserver
 
-from control_plane.planner.cluster import Cluster, Gpu, Node
-from control_plane.planner.cost import validate
-from control_plane.planner.errors import PlanError
-from control_plane.planner.model import ModelSpec
-from control_plane.planner.plan import Plan
-from control_plane.ports import free_port
+from drover.planner.cluster import Cluster, Gpu, Node
+from drover.planner.cost import validate
+from drover.planner.errors import PlanError
+from drover.planner.model import ModelSpec
+from drover.planner.plan import Plan
+from drover.planner.ports import free_port
 
 from . import data
 from .model import GPT, loss_sum

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from control_plane.planner.plan import Plan
+from drover.planner.plan import Plan
 
 from .model import EMBED, HEAD
 

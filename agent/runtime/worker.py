@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from control_plane.planner.errors import SpecError
-from control_plane.planner.model import ModelSpec
-from control_plane.planner.plan import Plan, plan_from_dict
+from drover.planner.errors import SpecError
+from drover.planner.model import ModelSpec
+from drover.planner.plan import Plan, plan_from_dict
 
 from . import data, layout
 from .model import GPTConfig, build_part, loss_sum, part_prefix

@@ -20,19 +20,19 @@ from pathlib import Path
 
 from drover.v1 import agent_pb2
 
-from storage import queries
-from storage.db import Store
-from storage.models import Job, NicSample, TelemetrySample
+from drover.storage import queries
+from drover.storage.db import Store
+from drover.storage.models import Job, NicSample, TelemetrySample
 
 from .detector import Detector, DetectorConfig
 from .jobfile import JobSpec, job_from_yaml
-from .planner.cluster import Cluster, Gpu, Nic, Node
-from .planner.cost import evaluate
-from .planner.plan import Plan, plan_from_dict
-from .planner.search import make_plan
-from .planner.simulate import migration_seconds
-from .ports import free_port
-from .wire import plan_to_proto
+from drover.planner.cluster import Cluster, Gpu, Nic, Node
+from drover.planner.cost import evaluate
+from drover.planner.plan import Plan, plan_from_dict
+from drover.planner.search import make_plan
+from drover.planner.simulate import migration_seconds
+from drover.planner.ports import free_port
+from drover.planner.wire import plan_to_proto
 
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")

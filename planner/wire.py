@@ -7,7 +7,7 @@ from google.protobuf import json_format
 
 from drover.v1 import plan_pb2
 
-from .planner.plan import Plan, plan_from_dict
+from .plan import Plan, plan_from_dict
 
 
 # For both ends of the agent stream: it carries small messages a few times a second, and

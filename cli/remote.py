@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import client
-from .cli import cli, plan
+from . import cli, plan
 from .render import table
 
 
@@ -88,7 +88,7 @@ def _system_command(fn):
 @click.option("--listen", default="127.0.0.1:50051", show_default=True, help="Address to serve gRPC on.")
 def server(db: str, listen: str) -> None:
     """Run the control plane."""
-    from .server import serve
+    from drover.control_plane.api import serve
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run_until_stopped(serve(db, listen))
 
@@ -103,7 +103,7 @@ def server(db: str, listen: str) -> None:
 @click.option("--work-dir", default=".drover-agent", show_default=True, help="Where job inboxes live.")
 def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
-    from agent.daemon import Agent
+    from drover.agent.daemon import Agent
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}").run_forever())
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .planner.cluster import Cluster
-from .planner.cost import evaluate
-from .planner.model import ModelSpec
-from .planner.plan import Plan
+from drover.planner.cluster import Cluster
+from drover.planner.cost import evaluate
+from drover.planner.model import ModelSpec
+from drover.planner.plan import Plan
 
 
 def compact_devices(ids: list[str] | tuple[str, ...]) -> str:

@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from control_plane.planner.model import model_from_dict
-from control_plane.planner.plan import Plan
+from drover.planner.model import model_from_dict
+from drover.planner.plan import Plan
 
 from .runtime.launch import worker_context
 from .runtime.worker import WorkerArgs, worker_main

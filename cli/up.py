@@ -15,9 +15,9 @@ import click
 import grpc
 
 from . import client
-from .cli import cli, parse_slowdowns
+from . import cli, parse_slowdowns
 from .render import table
-from .ports import free_port
+from drover.planner.ports import free_port
 
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
@@ -40,7 +40,7 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
     address = f"127.0.0.1:{free_port()}"
-    drover = [sys.executable, "-m", "control_plane"]
+    drover = [sys.executable, "-m", "drover.cli"]
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     procs = [subprocess.Popen(drover + ["server", "--db", str(out / "drover.db"), "--listen", address],

@@ -15,14 +15,14 @@ from grpc_reflection.v1alpha import reflection
 
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
-from storage import queries
-from storage.db import Store, sqlite_url
-from storage.queries import NotFound
+from drover.storage import queries
+from drover.storage.db import Store, sqlite_url
+from drover.storage.queries import NotFound
 
-from .planner.errors import PlanError, SpecError
-from .planner.plan import plan_from_dict
-from .service import ControlPlane, FailedPrecondition, InvalidArgument
-from .wire import STREAM_OPTIONS, plan_to_proto
+from drover.planner.errors import PlanError, SpecError
+from drover.planner.plan import plan_from_dict
+from .controller import ControlPlane, FailedPrecondition, InvalidArgument
+from drover.planner.wire import STREAM_OPTIONS, plan_to_proto
 
 log = logging.getLogger("drover.server")
 

@@ -11,12 +11,12 @@ import sys
 
 import click
 
-from .planner.cluster import load_cluster
-from .planner.errors import PlanError, SpecError
-from .planner.model import load_model
-from .planner.plan import load_plan
-from .planner.search import STRATEGIES, make_plan
-from .planner.simulate import load_events, simulate as simulate_run
+from drover.planner.cluster import load_cluster
+from drover.planner.errors import PlanError, SpecError
+from drover.planner.model import load_model
+from drover.planner.plan import load_plan
+from drover.planner.search import STRATEGIES, make_plan
+from drover.planner.simulate import load_events, simulate as simulate_run
 from .render import render_plan, render_simulation
 
 
@@ -112,7 +112,7 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
               help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).")
 def train(model_file, reference, workers, plan_file, switches, slow, steps, seed, out_dir) -> None:
     """Train the model, on local workers following plans or as the single-process reference."""
-    from agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
+    from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
 
     spec = load_model(model_file)
     if reference:
@@ -127,7 +127,7 @@ def train(model_file, reference, workers, plan_file, switches, slow, steps, seed
 
 
 def main(argv: list[str] | None = None) -> None:
-    from . import cli_system, up  # noqa: F401  (registers the commands that talk to a control plane)
+    from . import remote, up  # noqa: F401  (registers the commands that talk to a control plane)
     import grpc
     try:
         cli.main(args=argv, prog_name="drover", standalone_mode=False)
