@@ -130,47 +130,47 @@ def _node(session, row) -> jobs_pb2.Node:
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, cp: ControlPlane):
         self.cp = cp
-        self.read = cp.store.read
+        self.read = cp.store.query  # off the event loop
 
     async def SubmitJob(self, request, context):
         return _job(await self.cp.submit(request.job_yaml, request.base_dir, request.out_dir))
 
     async def GetJob(self, request, context):
-        job = self.read(lambda s: queries.get_job(s, request.job_id))
+        job = await self.read(lambda s: queries.get_job(s, request.job_id))
         live = self.cp.jobs.get(job.id)
         if live is not None:  # the step in storage lags by one flush
             job.step = max(job.step, live.step)
         return _job(job)
 
     async def ListJobs(self, request, context):
-        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in self.read(queries.jobs)])
+        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in await self.read(queries.jobs)])
 
     async def CancelJob(self, request, context):
         return _job(await self.cp.cancel(request.job_id))
 
     async def WatchEvents(self, request, context):
-        self.read(lambda s: queries.get_job(s, request.job_id))
+        await self.read(lambda s: queries.get_job(s, request.job_id))
         last = 0
         while True:
             self.cp.new_events.clear()  # before reading, so an event stored meanwhile wakes us
-            for e in self.read(lambda s: queries.events(s, request.job_id, last)):
+            for e in await self.read(lambda s: queries.events(s, request.job_id, last)):
                 last = e.id
                 yield jobs_pb2.Event(time=e.time, step=e.step, job_id=e.job_id, kind=e.kind,
                                      details_json=e.details_json)
-            if self.read(lambda s: queries.get_job(s, request.job_id)).state in ("completed", "failed", "cancelled"):
-                if not self.read(lambda s: queries.events(s, request.job_id, last)):
+            if (await self.read(lambda s: queries.get_job(s, request.job_id))).state in ("completed", "failed", "cancelled"):
+                if not await self.read(lambda s: queries.events(s, request.job_id, last)):
                     return
             await self.cp.next_events()
 
     async def GetPlan(self, request, context):
-        return _plan(self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
+        return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
 
     async def ListPlans(self, request, context):
-        return jobs_pb2.ListPlansResponse(plans=[_plan(p) for p in self.read(lambda s: queries.plans(s, request.job_id))])
+        return jobs_pb2.ListPlansResponse(plans=[_plan(p) for p in await self.read(lambda s: queries.plans(s, request.job_id))])
 
     async def Replan(self, request, context):
         version = await self.cp.replan(request.job_id, request.reason)
-        return _plan(self.read(lambda s: queries.get_plan(s, request.job_id, version)))
+        return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, version)))
 
     async def SetDetection(self, request, context):
         self.cp.detection_paused = request.paused
@@ -178,21 +178,21 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def DrainNode(self, request, context):
         await self.cp.drain(request.node, True)
-        return self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+        return await self.read(lambda s: _node(s, queries.get_node(s, request.node)))
 
     async def UndrainNode(self, request, context):
         await self.cp.drain(request.node, False)
-        return self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+        return await self.read(lambda s: _node(s, queries.get_node(s, request.node)))
 
     async def ListNodes(self, request, context):
-        return jobs_pb2.ListNodesResponse(nodes=self.read(lambda s: [_node(s, n) for n in queries.nodes(s)]))
+        return jobs_pb2.ListNodesResponse(nodes=await self.read(lambda s: [_node(s, n) for n in queries.nodes(s)]))
 
     async def QueryTelemetry(self, request, context):
         if request.limit < 0:
             raise InvalidArgument(f"limit = {request.limit}: an integer >= 0 (0 means 100)")
-        self.read(lambda s: queries.get_job(s, request.job_id))
+        await self.read(lambda s: queries.get_job(s, request.job_id))
         await self.cp.flush()
-        rows = self.read(lambda s: queries.telemetry(s, request.job_id, request.device, request.limit or 100))
+        rows = await self.read(lambda s: queries.telemetry(s, request.job_id, request.device, request.limit or 100))
         return jobs_pb2.QueryTelemetryResponse(points=[
             jobs_pb2.TelemetryPoint(time=r.time, device=r.device, step=r.step,
                                     compute_s_per_block=r.compute_s_per_block, rate=r.rate) for r in rows])
@@ -226,10 +226,8 @@ async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Serve
 
 
 async def stop_server(server: grpc.aio.Server, cp: ControlPlane) -> None:
-    cp.flusher.cancel()
     await server.stop(grace=1)
-    await cp.flush()
-    cp.store.close()
+    await cp.close()
 
 
 async def serve(db: str, address: str) -> None:

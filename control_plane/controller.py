@@ -1,11 +1,17 @@
-"""The control plane's domain: jobs, agents, detection and plan rollout.
+"""The control plane's state: jobs, agent sessions, telemetry ingest, and
+each job's reconcile task.
 
 Desired state vs observed state, as a Kubernetes controller: a job's plan
 version is the desired generation, the version every agent reports active
 is the observed one; a plan is committed when the two meet. After any
 reconnect an agent says what it runs and gets the full desired state back.
-Everything kept is in storage, so a restarted control plane picks up where
-the last one stopped. The gRPC servicers (server.py) only translate.
+
+Telemetry only records what it observes and wakes the job's reconcile task;
+that one task per job asks `coordinator.decide` what to do and does it, so
+rollouts of a job never overlap. The planner and database reads run off the
+event loop. Everything kept is in storage, so a restarted control plane
+picks up where the last one stopped. The gRPC servicers (api.py) only
+translate.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from drover.v1 import agent_pb2
@@ -24,13 +31,12 @@ from drover.storage import queries
 from drover.storage.db import Store
 from drover.storage.models import Job, NicSample, TelemetrySample
 
-from .detector import Detector, DetectorConfig
+from . import coordinator
+from .coordinator import JobState, Observation, Proposal
+from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_yaml
-from drover.planner.cluster import Cluster, Gpu, Nic, Node
-from drover.planner.cost import evaluate
-from drover.planner.plan import Plan, plan_from_dict
-from drover.planner.search import make_plan
-from drover.planner.simulate import migration_seconds
+from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, make_plan, migration_seconds
+from drover.planner import plan_from_dict
 from drover.planner.ports import free_port
 from drover.planner.wire import plan_to_proto
 
@@ -68,17 +74,28 @@ class RunningJob:
     step: int = -1
     node_versions: dict[str, int] = field(default_factory=dict)
     node_states: dict[str, str] = field(default_factory=dict)
-    reported: set = field(default_factory=set)  # straggler rates already announced
+    announced: set = field(default_factory=set)  # (device, rate) and (device, "link") already announced
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
     heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
     committed_at: int = -1  # job step when the newest plan was committed
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
+    forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
+    reconciler: asyncio.Task | None = None
+
+    def state(self, detection_paused: bool) -> JobState:
+        return JobState(version=self.version, committed=self.committed,
+                        node_versions={n: self.node_versions.get(n, 0) for n in self.nodes}, step=self.step,
+                        steps=self.spec.steps, committed_at=self.committed_at, planned_rates=dict(self.planned_rates),
+                        announced=frozenset(self.announced), detection_paused=detection_paused)
 
 
 class ControlPlane:
-    def __init__(self, store: Store, detector: DetectorConfig = DetectorConfig(), restart_s: float = 300.0,
+    def __init__(self, store: Store, detector: DetectorSettings = DetectorSettings(), restart_s: float = 300.0,
                  device_silence_s: float = DEVICE_SILENCE_S):
         self.store = store
-        self.detector_config = detector
+        self.settings = detector
+        # One planning thread: plans take seconds at 1,024 GPUs and must not hold up the event loop.
+        self.planning = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-planner")
         self.restart_s = restart_s
         self.device_silence_s = device_silence_s
         self.detection_paused = False
@@ -102,10 +119,25 @@ class ControlPlane:
         for job, plan_row in await self.store.write(load):
             spec = job_from_yaml(job.model_yaml, source=f"job {job.id}")
             ranks = json.loads(job.ranks_json)
-            self.jobs[job.id] = RunningJob(
+            self._track(RunningJob(
                 job.id, spec, ranks, sorted({d.split("/")[0] for d in ranks}),
                 plan_from_dict(json.loads(plan_row.plan_json)), plan_row.version, job.committed_plan_version,
-                json.loads(plan_row.rates_json), Detector(self.detector_config), step=job.step)
+                json.loads(plan_row.rates_json), Detector(self.settings), step=job.step))
+
+    def _track(self, job: RunningJob) -> None:
+        self.jobs[job.id] = job
+        job.reconciler = asyncio.create_task(self._reconcile_forever(job), name=f"reconcile {job.id}")
+
+    async def close(self) -> None:
+        """Stop the background work, write what is buffered, close the store."""
+        tasks = [self.flusher] + [j.reconciler for j in self.jobs.values()] + list(self._lost.values())
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+        self.planning.shutdown(wait=False, cancel_futures=True)
+        await self.flush()
+        self.store.close()
 
     async def flush_forever(self, tick_s: float = 0.25) -> None:
         flushed = time.monotonic()
@@ -198,12 +230,12 @@ class ControlPlane:
                                       f"supported yet")
 
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
+        """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         _check_telemetry(message)
         job = self.jobs.get(message.job_id)
         if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
             raise FailedPrecondition(f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
                                      f"has no plan version above {job.version} (a stale or foreign agent?)")
-        rates = {}
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
@@ -212,7 +244,7 @@ class ControlPlane:
                 else:  # idle (left out of the plan): no work to judge, and an old window would mislead
                     job.detector.forget(s.device)
                 job.step = max(job.step, s.step)
-            rates = job.detector.rates()
+        rates = job.detector.rates() if job is not None and message.devices else {}
         self.store.buffer_samples(TelemetrySample, [
             {"job_id": message.job_id, "device": s.device, "time": message.time, "step": s.step,
              "compute_s_per_block": s.compute_s_per_block, "p2p_wait_s": s.p2p_wait_s, "grad_sync_s": s.grad_sync_s,
@@ -228,8 +260,7 @@ class ControlPlane:
                                                       "blocks_moved": m.blocks_moved, "seconds": m.seconds},
                               step=m.step)
         job.node_versions[node] = message.active_plan_version
-        await self._maybe_commit(job)
-        await self._maybe_replan(job, rates)
+        job.wake.set()
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
         job = self.jobs.get(status.job_id)
@@ -255,7 +286,7 @@ class ControlPlane:
         if not nodes:
             raise FailedPrecondition("no connected, undrained node with devices: start agents first")
         cluster = cluster_of(nodes)
-        plan = make_plan(cluster, spec.model, "drover")
+        plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         job_id = f"job-{int(time.time() * 1000) % 10**10}"
@@ -276,9 +307,8 @@ class ControlPlane:
                                                                    "devices": devices, "version": 1})
             return queries.get_job(session, job_id)
         job_row = await self.store.write(create)
-        job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {},
-                         Detector(self.detector_config))
-        self.jobs[job_id] = job
+        job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings))
+        self._track(job)
         start = agent_pb2.StartJob(job_id=job_id, model_yaml=json.dumps(spec.model_data), steps=spec.steps,
                                    seed=spec.seed, world_size=len(devices), ranks=ranks, master_addr=master_addr,
                                    master_port=port, plan_version=1, plan=plan_to_proto(plan), out_dir=str(out))
@@ -299,10 +329,13 @@ class ControlPlane:
         return await self._finish(job, "cancelled", "cancelled by request")
 
     async def replan(self, job_id: str, reason: str) -> int:
-        """Plan for what is measured now: devices idle in the current plan count as healthy
-        again (the way back for a removed straggler that has recovered)."""
-        job = self._running(job_id)
-        return await self._push(job, job.detector.rates(), reason or "forced by request")
+        """Plan for what is measured now, whatever the detector thinks; the job's reconcile
+        task does it, so it never overlaps a rollout the detector started."""
+        job = await self._running(job_id)
+        version = asyncio.get_running_loop().create_future()
+        job.forced.append((reason or "forced by request", version))
+        job.wake.set()
+        return await version
 
     async def straggle(self, device: str, rate: float, from_step: int) -> str:
         if not (math.isfinite(rate) and rate >= 1.0):
@@ -323,77 +356,86 @@ class ControlPlane:
             return row
         return await self.store.write(update)
 
-    def _running(self, job_id: str) -> RunningJob:
+    async def _running(self, job_id: str) -> RunningJob:
         if job_id not in self.jobs:
-            row = self.store.read(lambda s: queries.get_job(s, job_id))
+            row = await self.store.query(lambda s: queries.get_job(s, job_id))
             raise FailedPrecondition(f"job {job_id} is {row.state}, not running")
         return self.jobs[job_id]
 
-    # -- the loop: detect, decide, push, commit -----------------------------------------
+    # -- the loop: observe, decide, act (one reconcile task per job) ---------------------
 
-    async def _maybe_replan(self, job: RunningJob, rates: dict[str, float]) -> None:
-        if self.detection_paused or job.committed < job.version:
-            return  # one rollout at a time
-        if job.step < job.committed_at + self.detector_config.window:
-            return  # let the window fill with steps of the new plan before judging it
-        for device in job.detector.slow_links():
-            if (device, "link") not in job.reported:  # told apart from slow compute; acted on in a later issue
-                job.reported.add((device, "link"))
-                await self._event(job, "slow_link_suspected", {"device": device})
-        moved = job.detector.moved(job.planned_rates, rates)
-        if not moved:
-            return
-        # Devices without a window now (idle in this plan) keep the rate they were last known by.
-        known = {**job.planned_rates, **rates}
-        for device, rate in moved.items():
-            if rate > 1.0 and (device, rate) not in job.reported:
-                job.reported.add((device, rate))
-                await self._event(job, "straggler_detected", {"device": device, "rate": rate})
-        cluster, candidate = self._plan_for(job, known)
-        remaining = max(0, job.spec.steps - job.step - 1)
-        gain = (evaluate(job.plan, cluster, job.spec.model).step_time_s
-                - evaluate(candidate, cluster, job.spec.model).step_time_s) * remaining
-        cost = migration_seconds(job.plan, candidate, cluster, job.spec.model, self.restart_s)
-        if gain > cost:
-            await self._push(job, known, f"rates moved: {moved}; predicted gain {gain:.3g} s over {remaining} "
-                                         f"steps > migration {cost:.3g} s", candidate)
-        else:
-            job.planned_rates = known  # settled: do not reconsider until rates move again
-            await self._event(job, "replan_skipped", {"rates": moved, "gain_s": gain, "migration_s": cost})
+    async def _reconcile_forever(self, job: RunningJob) -> None:
+        while True:
+            await job.wake.wait()
+            job.wake.clear()
+            forced = job.forced.pop(0) if job.forced else None
+            if job.forced:
+                job.wake.set()  # another request waits: come round again
+            try:
+                await self._reconcile(job, forced)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad round must not end the job's loop
+                if forced is not None and not forced[1].done():
+                    forced[1].set_exception(exc)
+                else:
+                    log.exception("reconciling %s failed", job.id)
 
-    def _plan_for(self, job: RunningJob, rates: dict[str, float]) -> tuple[Cluster, Plan]:
-        """The job's cluster with these straggling rates, and Drover's plan for it."""
-        cluster = self._cluster(job).with_rates({d: r for d, r in rates.items() if r > 1.0})
-        return cluster, make_plan(cluster, job.spec.model, "drover")
+    async def _reconcile(self, job: RunningJob, forced: tuple[str, asyncio.Future] | None) -> None:
+        rates = job.detector.rates()
+        observation = Observation(rates, tuple(job.detector.slow_links()), forced=forced[0] if forced else "")
+        state = job.state(self.detection_paused)
+        actions = coordinator.decide(state, observation, self.settings)
+        for action in actions:
+            if isinstance(action, coordinator.ProposePlan):
+                proposal = await self._propose(job, action.rates)
+                actions += coordinator.decide(state, replace(observation, proposal=proposal), self.settings)
+            elif isinstance(action, coordinator.Commit):
+                await self._commit(job, action.version)
+            elif isinstance(action, coordinator.AnnounceStraggler):
+                job.announced.add((action.device, action.rate))
+                await self._event(job, "straggler_detected", {"device": action.device, "rate": action.rate})
+            elif isinstance(action, coordinator.AnnounceSlowLink):  # acted on in a later issue
+                job.announced.add((action.device, "link"))
+                await self._event(job, "slow_link_suspected", {"device": action.device})
+            elif isinstance(action, coordinator.PushPlan):
+                version = await self._push(job, action.plan, action.rates, action.reason)
+                if forced is not None:
+                    forced[1].set_result(version)
+            elif isinstance(action, coordinator.SkipPlan):
+                job.planned_rates = dict(action.rates)  # settled: do not reconsider until rates move again
+                await self._event(job, "replan_skipped", {"reason": action.reason, **action.details})
+        if forced is not None and not forced[1].done():  # a commit came first: ask again next round
+            job.forced.insert(0, forced)
+            job.wake.set()
 
-    async def _push(self, job: RunningJob, rates: dict[str, float], reason: str, plan: Plan | None = None) -> int:
-        if plan is None:
-            plan = self._plan_for(job, rates)[1]
+    async def _propose(self, job: RunningJob, rates: dict[str, float]) -> Proposal:
+        nodes = await self.store.query(lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n))
+                                                  for n in job.nodes])
+        return await self._off_loop(propose, cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s)
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)
+
+    async def _push(self, job: RunningJob, plan: Plan, rates: dict[str, float], reason: str) -> int:
         row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
-        job.plan, job.version, job.planned_rates = plan, row.version, rates
+        job.plan, job.version, job.planned_rates = plan, row.version, dict(rates)
         await self._event(job, "plan_pushed", {"version": row.version, "reason": reason})
         for node in job.nodes:
             if node in self.outboxes:
                 self.outboxes[node].put_nowait(self._plan_update(job))
         return row.version
 
-    async def _maybe_commit(self, job: RunningJob) -> None:
-        observed = min(job.node_versions.get(n, 0) for n in job.nodes)
-        if observed >= job.version > job.committed:
-            version = job.version
-            await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
-            job.committed = version
-            job.committed_at = job.step
-            await self._event(job, "plan_committed", {"version": version, "plan": job.plan.to_dict()},
-                              step=job.switched_at.get(version))
+    async def _commit(self, job: RunningJob, version: int) -> None:
+        await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
+        job.committed, job.committed_at = version, job.step
+        job.detector.restart()  # the new plan is judged on its own steps
+        await self._event(job, "plan_committed", {"version": version, "plan": job.plan.to_dict()},
+                          step=job.switched_at.get(version))
 
     def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
         return agent_pb2.ControlMessage(plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version,
                                                                   plan=plan_to_proto(job.plan)))
-
-    def _cluster(self, job: RunningJob) -> Cluster:
-        nodes = self.store.read(lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes])
-        return cluster_of(nodes)
 
     async def _fail(self, job: RunningJob, detail: str) -> None:
         for node in job.nodes:
@@ -405,6 +447,11 @@ class ControlPlane:
 
     async def _finish(self, job: RunningJob, state: str, detail: str) -> Job:
         self.jobs.pop(job.id, None)
+        if job.reconciler is not None and job.reconciler is not asyncio.current_task():
+            job.reconciler.cancel()
+        for _, version in job.forced:
+            if not version.done():
+                version.set_exception(FailedPrecondition(f"job {job.id} is {state}, not running"))
 
         def update(session):
             row = queries.get_job(session, job.id)
@@ -424,6 +471,17 @@ class ControlPlane:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
+
+
+def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float],
+            restart_s: float) -> Proposal:
+    """Drover's plan for the job's cluster at these straggling rates, weighed against the
+    running plan by the reference cost model (pure; runs in the planning thread)."""
+    cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
+    plan = make_plan(cluster, model, "drover")
+    return Proposal(rates, plan, evaluate(current, cluster, model).step_time_s,
+                    evaluate(plan, cluster, model).step_time_s,
+                    migration_seconds(current, plan, cluster, model, restart_s))
 
 
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:

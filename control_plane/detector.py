@@ -1,12 +1,21 @@
-"""Straggler detection from telemetry (defaults after Malleus).
+"""Straggler detection from telemetry, calm on a loaded machine.
 
-A device's straggling rate is its median compute time per block per
-micro-batch over the last `window` steps (its own work: time waiting for a
-tensor-parallel partner is not counted), against the healthy reference: the
-median over the job's devices (FALCON compares with the median too). Rates below `healthy_below` count as 1.0. A replan is
-worth considering only when some device's rate moved by `replan_delta` or
-more from the rates the current plan was made for. Slow links show as
-point-to-point waits far above the median while compute stays normal.
+Each step, a device's ratio is its compute time per block per micro-batch
+(its own work: waiting for a partner is not counted) over that step's
+reference, the lower median over the job's devices. Comparing within a step
+cancels what slows every device alike (a busy host, a noisy neighbour);
+FALCON compares with the median too, and the lower median keeps a slow half
+of a small job from dragging the reference up.
+
+A device's rate is judged over its last `window` steps, with hysteresis:
+- it becomes slow only when all but one of the window's ratios reach
+  `healthy_below` (1.2, as in Malleus): one spike, or two on a long window's
+  edge, is noise, not a straggler;
+- once slow it stays slow until the window's median falls below
+  `recovered_below`, so a rate near the threshold does not flap;
+- its rate is the window's median, rounded to 0.1.
+Healthy devices read 1.0. Slow links show as point-to-point waits far above
+the median while compute stays normal.
 """
 
 from __future__ import annotations
@@ -17,54 +26,86 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class DetectorConfig:
-    window: int = 3
-    healthy_below: float = 1.2
-    replan_delta: float = 0.3
-    slow_link_factor: float = 3.0
+class DetectorSettings:
+    """Malleus's values as defaults; `drover server` flags and DROVER_* variables set them."""
+    window: int = 4  # steps a judgement looks back on
+    healthy_below: float = 1.2  # a device must reach this ratio to become slow
+    recovered_below: float = 1.1  # ... and fall below this median to be healthy again
+    replan_delta: float = 0.3  # a rate must move this far from the planned one to replan
+    cooldown_steps: int = 4  # steps after a commit before the new plan is judged
+    min_gain: float = 0.05  # a new plan must predict a step at least this much faster
+    slow_link_factor: float = 3.0  # waits this many times the median mark a slow link
+
+    def __post_init__(self):
+        checks = [("window", self.window >= 2, "an integer >= 2"),
+                  ("healthy_below", self.healthy_below > 1.0, "a number > 1"),
+                  ("recovered_below", 1.0 <= self.recovered_below <= self.healthy_below,
+                   f"a number in [1, healthy_below = {self.healthy_below}]"),
+                  ("replan_delta", self.replan_delta > 0, "a number > 0"),
+                  ("cooldown_steps", self.cooldown_steps >= 0, "an integer >= 0"),
+                  ("min_gain", 0 <= self.min_gain < 1, "a number in [0, 1)"),
+                  ("slow_link_factor", self.slow_link_factor > 1, "a number > 1")]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"detector setting {name} = {getattr(self, name)!r}: {allowed}")
 
 
 class Detector:
-    def __init__(self, config: DetectorConfig = DetectorConfig()):
-        self.config = config
-        self._compute: dict[str, deque] = defaultdict(lambda: deque(maxlen=config.window))
-        self._waits: dict[str, deque] = defaultdict(lambda: deque(maxlen=config.window))
-        self._last_step: dict[str, int] = {}
+    def __init__(self, settings: DetectorSettings = DetectorSettings()):
+        self.settings = settings
+        self._by_step: dict[int, dict[str, float]] = defaultdict(dict)  # step -> device -> compute
+        self._steps: dict[str, deque] = {}  # device -> its last steps with a sample
+        self._waits: dict[str, deque] = {}
+        self._slow: set[str] = set()  # devices judged slow (the hysteresis state)
 
     def observe(self, device: str, step: int, compute_s_per_block: float, p2p_wait_s: float) -> None:
-        if step <= self._last_step.get(device, -1):
+        steps = self._steps.setdefault(device, deque(maxlen=self.settings.window))
+        if steps and step <= steps[-1]:
             return  # a resent sample after a reconnect
-        self._last_step[device] = step
-        self._compute[device].append(compute_s_per_block)
-        self._waits[device].append(p2p_wait_s)
+        steps.append(step)
+        self._waits.setdefault(device, deque(maxlen=self.settings.window)).append(p2p_wait_s)
+        self._by_step[step][device] = compute_s_per_block
+        for old in [s for s in self._by_step if s < step - 4 * self.settings.window]:
+            del self._by_step[old]  # bounded even when a device falls silent
 
     def forget(self, device: str) -> None:
         """Drop a device's window: it has no work in the plan, so nothing to judge."""
-        self._compute.pop(device, None)
+        self._steps.pop(device, None)
         self._waits.pop(device, None)
+        self._slow.discard(device)
+
+    def restart(self) -> None:
+        """Judge only what comes next (a new plan changes every device's work); the
+        hysteresis state is kept, so a known straggler is not re-announced."""
+        self._by_step.clear()
+        self._steps.clear()
+        self._waits.clear()
 
     def rates(self) -> dict[str, float]:
-        """Straggling rate per device with a full window; healthy ones are 1.0."""
-        full = {d: statistics.median(v) for d, v in self._compute.items() if len(v) == self.config.window}
-        if len(full) < 2:
-            return {}
-        reference = statistics.median(full.values())
+        """Straggling rate per device with a full window of compared steps; healthy ones are 1.0."""
+        references = {step: statistics.median_low(peers.values())
+                      for step, peers in self._by_step.items() if len(peers) >= 2}
         rates = {}
-        for device, mean in full.items():
-            rate = mean / reference if reference > 0 else 1.0
-            rates[device] = round(rate, 2) if rate >= self.config.healthy_below else 1.0
+        for device, steps in self._steps.items():
+            ratios = [self._by_step[s][device] / references[s] if references[s] > 0 else 1.0
+                      for s in steps if s in references]
+            if len(ratios) < self.settings.window:
+                continue
+            median = statistics.median(ratios)
+            if device in self._slow:
+                if median < self.settings.recovered_below:
+                    self._slow.discard(device)
+            elif sorted(ratios)[1] >= self.settings.healthy_below:  # all but one step slow
+                self._slow.add(device)
+            rates[device] = max(1.0, round(median, 1)) if device in self._slow else 1.0
         return rates
 
     def slow_links(self) -> list[str]:
         """Devices whose point-to-point waits stand out while their compute does not."""
-        waits = {d: statistics.fmean(v) for d, v in self._waits.items() if len(v) == self.config.window}
+        waits = {d: statistics.median(v) for d, v in self._waits.items() if len(v) == self.settings.window}
         if len(waits) < 2:
             return []
         median = statistics.median(waits.values())
         rates = self.rates()
         return sorted(d for d, w in waits.items()
-                      if median > 0 and w > self.config.slow_link_factor * median and rates.get(d, 1.0) == 1.0)
-
-    def moved(self, planned: dict[str, float], current: dict[str, float]) -> dict[str, float]:
-        """Devices whose rate moved by replan_delta or more from what the plan assumed."""
-        return {d: r for d, r in current.items() if abs(r - planned.get(d, 1.0)) >= self.config.replan_delta}
+                      if median > 0 and w > self.settings.slow_link_factor * median and rates.get(d, 1.0) == 1.0)

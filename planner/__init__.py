@@ -13,11 +13,10 @@ from .errors import PlanError, SpecError
 from .model import ModelSpec, load_model, model_from_dict
 from .plan import Pipeline, Plan, Predicted, Stage, load_plan, plan_from_dict
 from .search import STRATEGIES, make_plan
-from .simulate import Events, load_events, migration_seconds, simulate
+from .simulate import Events, load_events, migration_seconds
 
 __all__ = [
     "Breakdown", "Cluster", "Device", "Events", "Gpu", "ModelSpec", "Nic", "Node", "Pipeline", "Plan", "PlanError",
     "Predicted", "STRATEGIES", "SpecError", "Stage", "cluster_from_dict", "evaluate", "load_cluster", "load_events",
-    "load_model", "load_plan", "make_plan", "migration_seconds", "model_from_dict", "plan_from_dict", "simulate",
-    "validate",
+    "load_model", "load_plan", "make_plan", "migration_seconds", "model_from_dict", "plan_from_dict", "validate",
 ]

@@ -53,6 +53,8 @@ class Store:
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")
+        # Reads run here, off the event loop; WAL lets them go on while the writer writes.
+        self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="drover-db-reader")
         self._pending: list = []
         self._pending_lock = threading.Lock()
         self.retention_s = retention_s
@@ -117,9 +119,14 @@ class Store:
         with self.sessions() as session:
             return fn(session)
 
+    async def query(self, fn: Callable[[Session], T]) -> T:
+        """`read` on a reader thread, for code on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._readers, self.read, fn)
+
     def count(self, model) -> int:
         return self.read(lambda s: s.scalar(select(func.count()).select_from(model)))
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
         self.engine.dispose()

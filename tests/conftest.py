@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.model import model_from_dict
@@ -72,3 +73,25 @@ def cluster_factory():
 @pytest.fixture
 def model_factory():
     return make_model
+
+
+@pytest_asyncio.fixture
+async def plane_factory(tmp_path):
+    """Control planes in process (real port, real SQLite file), one per call with its
+    options as the named variant: `await plane_factory(device_silence_s=1.0)`."""
+    from support import serve_plane
+    stops = []
+
+    async def make(**options):
+        served, stop = await serve_plane(tmp_path, **options)
+        stops.append(stop)
+        return served
+    yield make
+    for stop in stops:
+        await stop()
+
+
+@pytest_asyncio.fixture
+async def plane(plane_factory):
+    """The default variant of plane_factory; see support.Plane."""
+    return await plane_factory()
