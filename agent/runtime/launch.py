@@ -71,7 +71,7 @@ def worker_context():
     """Workers fork from a server that has imported torch once: starting one is then
     a fork, not an interpreter and a torch import per worker."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["agent.runtime.worker", "agent.runtime.preload"])
+    ctx.set_forkserver_preload(["drover.agent.runtime.worker", "drover.agent.runtime.preload"])
     return ctx
 
 
