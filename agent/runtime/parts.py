@@ -1,4 +1,7 @@
-"""A part's parameters and AdamW state as one flat buffer, for moving it to a peer."""
+"""A part's shard as a module plus AdamW state: built empty, packed into one
+flat buffer for a peer, unpacked without copying, and assembled from the
+shards someone else held (a migration or a checkpoint), re-sliced when the
+TP size changed."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import torch
 
 from .model import EMBED, HEAD, Block, Embedding, GPTConfig, Head
 from .optim import STATE_KEYS
-from .tensor_parallel import shard_block
+from .tensor_parallel import shard, shard_block, unshard
 
 
 @functools.cache
@@ -25,7 +28,7 @@ def warm_up(cfg: GPTConfig) -> None:
         _meta_module(cfg, kind)
 
 
-def empty_part(cfg: GPTConfig, part, t: int = 1, r: int = 0, device="cpu") -> torch.nn.Module:
+def empty_part(cfg: GPTConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
     """An uninitialised module of the part's shard (t, r), to be filled by a transfer."""
     kind = {EMBED: Embedding, HEAD: Head}.get(part, Block)
     module = copy.deepcopy(_meta_module(cfg, kind)).to_empty(device=device)
@@ -59,3 +62,22 @@ def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
     moments = [take() for _ in STATE_KEYS]
     state = {name: {k: m[name] for k, m in zip(STATE_KEYS, moments)} for name, _, _ in shapes}
     return params, state
+
+
+def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict,
+             device: torch.device) -> tuple[torch.nn.Module, dict]:
+    """A part's module and optimizer state for shard (t, r) from shards held elsewhere:
+    pieces is {(t, r): (params, state)}, either shard (t, r) itself or all shards of one TP size."""
+    module = empty_part(cfg, part, t, r, device)
+    if (t, r) in pieces:
+        params, state = pieces[(t, r)]
+    else:  # TP size changed: rebuild the full tensors, keep our slice
+        t_old = next(iter(pieces))[0]
+        ordered = [pieces[(t_old, i)] for i in range(t_old)]
+        def reslice(pieces, name):  # a copy: replicated tensors would otherwise pin a whole received buffer
+            return shard(unshard(pieces, part, name), part, name, t, r).clone()
+        params = {n: reslice([o[0][n] for o in ordered], n) for n in ordered[0][0]}
+        state = {n: {k: reslice([o[1][n][k] for o in ordered], n) for k in STATE_KEYS} for n in ordered[0][0]}
+    for name, p in module.named_parameters():
+        p.data = params[name]  # adopt the received tensors rather than copy them
+    return module, state

@@ -44,57 +44,59 @@ def unshard(shards: list[torch.Tensor], part, name: str) -> torch.Tensor:
 
 class WaitClock:
     """Seconds spent in tensor-parallel all-reduces, so a worker can report
-    its own compute apart from waiting for a slow partner in its group."""
-    seconds = 0.0
+    its own compute apart from waiting for a slow partner in its group. One
+    per worker, handed to its blocks by join_group."""
 
-    @classmethod
-    def all_reduce(cls, tensor, group) -> None:
+    def __init__(self):
+        self.seconds = 0.0
+
+    def all_reduce(self, tensor, group) -> None:
         start = time.perf_counter()
         dist.all_reduce(tensor, group=group)
-        cls.seconds += time.perf_counter() - start
+        self.seconds += time.perf_counter() - start
 
 
 class _Enter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group, clock):
+        ctx.group, ctx.clock = group, clock
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        WaitClock.all_reduce(grad, ctx.group)
-        return grad, None
+        ctx.clock.all_reduce(grad, ctx.group)
+        return grad, None, None
 
 
 class _Exit(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group, clock):
         x = x.contiguous().clone()
-        WaitClock.all_reduce(x, group)
+        clock.all_reduce(x, group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None
 
 
 class Enter(nn.Module):
-    def __init__(self, group):
+    def __init__(self, group, clock: WaitClock):
         super().__init__()
-        self.group = group
+        self.group, self.clock = group, clock
 
     def forward(self, x):
-        return _Enter.apply(x, self.group)
+        return _Enter.apply(x, self.group, self.clock)
 
 
 class Exit(nn.Module):
-    def __init__(self, group):
+    def __init__(self, group, clock: WaitClock):
         super().__init__()
-        self.group = group
+        self.group, self.clock = group, clock
 
     def forward(self, x):
-        return _Exit.apply(x, self.group)
+        return _Exit.apply(x, self.group, self.clock)
 
 
 def shard_block(block: Block, t: int, r: int) -> Block:
@@ -110,6 +112,6 @@ def shard_block(block: Block, t: int, r: int) -> Block:
     return block
 
 
-def join_group(block: Block, group) -> None:
-    """Route the block's split regions through the group's all-reduces."""
-    block.enter, block.exit = Enter(group), Exit(group)
+def join_group(block: Block, group, clock: WaitClock) -> None:
+    """Route the block's split regions through the group's all-reduces, timed by `clock`."""
+    block.enter, block.exit = Enter(group, clock), Exit(group, clock)

@@ -1,0 +1,142 @@
+"""One step of one pipeline stage: its micro-batches, one-forward-one-backward.
+
+1F1B keeps at most S-k micro-batches' activations alive on stage k of S: a
+warm-up of S-k-1 forwards, then a forward and a backward in turn, then the
+remaining backwards. Activations go forward and their gradients back point to
+point, tagged 2*mb and 2*mb+1 by global micro-batch index, so every pair of
+stages agrees on what each message is without talking. Each micro-batch's
+loss is its samples' summed cross-entropy divided by the global batch, so
+the gradients add up to those of the whole batch, whatever the plan.
+
+Also the telemetry of the step (Stats): the worker's own compute apart from
+waiting on neighbours or a TP partner, which is what the control plane's
+detector compares across devices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from drover.planner.model import ModelSpec
+
+from . import data, layout
+from .model import loss_sum
+from .tensor_parallel import WaitClock
+
+
+@dataclass
+class Stats:
+    """Telemetry of one step on one worker."""
+    loss: float = 0.0
+    compute_s: float = 0.0
+    p2p_wait_s: float = 0.0
+    tp_wait_s: float = 0.0
+    sync_s: float = 0.0
+    blocks: float = 0.0  # blocks' worth of work, the head included
+    micro_batches: int = 0
+    bytes_sent: dict = field(default_factory=lambda: defaultdict(int))
+    bytes_recv: dict = field(default_factory=lambda: defaultdict(int))
+
+    def to_dict(self, step: int, version: int) -> dict:
+        per_piece = self.compute_s / (self.blocks * self.micro_batches) if self.blocks and self.micro_batches else None
+        return {"step": step, "plan": version, "compute_s": self.compute_s,
+                "compute_s_per_block_per_micro_batch": per_piece, "p2p_wait_s": self.p2p_wait_s,
+                "tp_wait_s": self.tp_wait_s,
+                "grad_sync_s": self.sync_s, "bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv)}
+
+
+def run_stage(role: layout.Role, parts: dict[layout.Part, torch.nn.Module], spec: ModelSpec, seed: int, step: int,
+              device: torch.device, tp_clock: WaitClock, slow: tuple[float, int] | None) -> Stats:
+    """Forward and backward every micro-batch of the stage, leaving gradients in `parts`.
+
+    `slow` is an emulated straggler (rate, from step); `tp_clock` times the
+    stage's TP all-reduces, so a slow partner's time is not counted as ours."""
+    stats = Stats()
+    b = spec.micro_batch
+    first_mb, end_mb = role.micro_batches
+    m = end_mb - first_mb
+    warmup = min(role.num_stages - role.stage - 1, m)
+    blocks = [parts[i] for i in range(*role.blocks)]
+    saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+    sends = []
+
+    def compute(fn):
+        t0, waited = time.perf_counter(), tp_clock.seconds
+        result = fn()
+        spent = time.perf_counter() - t0 - (tp_clock.seconds - waited)  # own work, not a TP partner's
+        if slow and step >= slow[1]:
+            time.sleep((slow[0] - 1) * spent)  # emulation only: RATE times slower
+        stats.compute_s += time.perf_counter() - t0 - (tp_clock.seconds - waited)
+        stats.tp_wait_s += tp_clock.seconds - waited
+        return result
+
+    def recv(shape, src, tag):
+        buf = torch.empty(shape, device=device)
+        t0 = time.perf_counter()
+        dist.recv(buf, src, tag=tag)
+        stats.p2p_wait_s += time.perf_counter() - t0
+        stats.bytes_recv[src] += buf.numel() * buf.element_size()
+        return buf
+
+    t = len(role.group)
+
+    def send(tensor, group, tag):
+        # Every member of a TP group holds the same activation, so the sends are shared:
+        # member r serves the receivers j with j mod t == r.
+        tensor = tensor.contiguous()
+        for j, dst in enumerate(group):
+            if j % t == role.tp_rank:
+                sends.append((dist.isend(tensor, dst, tag=tag), tensor))
+                stats.bytes_sent[dst] += tensor.numel() * tensor.element_size()
+
+    def sender(group):  # who of a neighbouring TP group sends to this member
+        return group[role.tp_rank % len(group)]
+
+    shape = (b, spec.seq_len, spec.hidden)
+
+    def forward(i: int) -> None:
+        mb = first_mb + i
+        inputs, targets = (x.to(device) for x in data.batch(seed, step, mb * b, b, spec.seq_len, spec.vocab))
+        x_in = None if role.first else recv(shape, sender(role.prev_group), 2 * mb).requires_grad_()
+
+        def run():
+            x = parts[layout.EMBED](inputs) if role.first else x_in
+            for block in blocks:
+                x = block(x)
+            if role.last:
+                return loss_sum(parts[layout.HEAD](x), targets) / spec.global_batch
+            return x
+        out = compute(run)
+        saved[i] = (x_in, out)
+        if role.last:
+            stats.loss += out.item() if role.tp_rank == 0 else 0.0
+        else:
+            send(out.detach(), role.next_group, 2 * mb)
+
+    def backward(i: int) -> None:
+        mb = first_mb + i
+        x_in, out = saved.pop(i)
+        grad = None if role.last else recv(shape, sender(role.next_group), 2 * mb + 1)
+        compute(lambda: torch.autograd.backward(out, grad))
+        if not role.first:
+            send(x_in.grad, role.prev_group, 2 * mb + 1)
+
+    for i in range(warmup):
+        forward(i)
+    for i in range(m - warmup):
+        forward(warmup + i)
+        backward(i)
+    for i in range(m - warmup, m):
+        backward(i)
+    for handle, _ in sends:
+        handle.wait()
+    # Work in block units: the embedding and head count by their FLOP against a block's, so a
+    # stage holding the head with one block does not look slow for it.
+    stats.blocks = (role.blocks[1] - role.blocks[0]) + role.last * spec.head_flops / spec.block_flops
+    stats.micro_batches = m
+    return stats
