@@ -1,11 +1,15 @@
 """The closed loop, measured: `drover up` with a 3x straggler on one of 4
 devices (or of 2, with --devices-per-node 1). Reports the steps and seconds
 from the slowdown to detection and to the committed plan, samples/s before,
-while slow and after, and the telemetry overhead on step time: within one
-healthy `drover up`, windows with the control plane and agents running
-against windows with them frozen, side by side. Prints JSON.
+while slow and after (or, when no plan followed the slowdown, why); false
+alarms: the plans pushed and stragglers detected in a healthy `drover up`
+of --healthy-steps steps with the default settings; and the telemetry
+overhead on step time: within one healthy `drover up`, windows with the
+control plane and agents running against windows with them frozen, side by
+side. Prints JSON.
 
-    python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--devices-per-node 2]
+    python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--healthy-steps 300]
+                         [--devices-per-node 2]
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from drover.cli.local_cluster import DROVER
+from drover.cli.up import no_new_plan_reason
+
 ROOT = Path(__file__).resolve().parents[1]
-DROVER = [sys.executable, "-m", "drover.cli"]
 
 
 def read(path: Path) -> list[dict]:
@@ -78,8 +84,7 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
     which cancels slow drift; windows that hold a plan switch are left out."""
     warm_up = 4
     steps = warm_up + window * windows
-    job = tmp / "healthy.yaml"
-    job.write_text(f"model: {model}\nsteps: {steps}\nseed: 0\n")
+    job = write_job(tmp, "healthy", model, steps)
     out = tmp / "healthy"
     up = subprocess.Popen(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
                                     str(job), "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -187,11 +192,73 @@ def worker_side_cost(tmp: Path, step_time_s: float, repeats: int = 2000) -> dict
     return {"seconds_per_step": per_step, "share_of_step_time": per_step / step_time_s}
 
 
+def write_job(tmp: Path, name: str, model: str, steps: int) -> Path:
+    job = tmp / f"{name}.yaml"
+    job.write_text(f"model: {model}\nsteps: {steps}\nseed: 0\n")
+    return job
+
+
+def run_up(tmp: Path, name: str, model: str, steps: int, devices_per_node: int, straggle: str | None = None) -> Path:
+    """One `drover up` on 2 nodes with the default settings, to the end; its output folder."""
+    out = tmp / name
+    subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node),
+                             "--job", str(write_job(tmp, name, model, steps)), "--out", str(out)]
+                   + (["--straggle", straggle] if straggle else []),
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return out
+
+
+def straggler_run(tmp: Path, model: str, steps: int, slow_at: int, devices_per_node: int) -> dict:
+    """node-1/0 3x slow from `slow_at`: how soon it was detected and planned around, and the gain."""
+    out = run_up(tmp, "straggler", model, steps, devices_per_node, f"node-1/0=3@{slow_at}")
+    trace, events = read(out / "trace.jsonl"), read(out / "events.jsonl")
+    slow_start = next(t["wall_start"] for t in trace if t["step"] == slow_at)
+    detected = next((e for e in events if e["kind"] == "straggler_detected" and e["step"] >= slow_at), None)
+    committed = next((e for e in events if e["kind"] == "plan_committed" and e["version"] > 1
+                      and e["step"] >= slow_at), None)
+    figures = {
+        "steps_to_detection": detected["step"] - slow_at if detected else None,
+        "steps_to_committed_plan": committed["step"] - slow_at if committed else None,
+        "target_steps_to_committed_plan_at_most": 5,
+        "seconds_to_committed_plan": committed["time"] - slow_start if committed else None,
+    }
+    before = median_rate(trace, 1, slow_at)
+    if committed is None:
+        while_slow = median_rate(trace, slow_at, steps)
+        return {**figures, "samples_per_s": {"before": before, "while_slow": while_slow, "after": None},
+                "after_over_while": None, "no_new_plan": no_new_plan_reason(events, slow_at, trace[-1]["step"]),
+                "target_after_over_while_at_least": 1.4, "migrations": read(out / "migrations.jsonl")}
+    while_slow = median_rate(trace, slow_at, committed["step"])
+    after = median_rate(trace, committed["step"] + 1, steps)
+    return {**figures, "samples_per_s": {"before": before, "while_slow": while_slow, "after": after},
+            "after_over_while": after / while_slow, "target_after_over_while_at_least": 1.4,
+            "migrations": read(out / "migrations.jsonl")}
+
+
+def false_alarms(tmp: Path, model: str, steps: int, devices_per_node: int) -> dict:
+    """A healthy `drover up` (no straggler): every straggler detected and every plan pushed after
+    the first is a false alarm."""
+    events = read(run_up(tmp, "no-straggler", model, steps, devices_per_node) / "events.jsonl")
+    detected = [e for e in events if e["kind"] == "straggler_detected"]
+    pushed = [e for e in events if e["kind"] == "plan_pushed" and e["version"] >= 2]
+    return {
+        "steps": steps,
+        "straggler_detected": len(detected),
+        "plans_pushed": len(pushed),
+        "plans_committed": sum(e["kind"] == "plan_committed" and e["version"] >= 2 for e in events),
+        "detections": [{"step": e["step"], "device": e["device"], "rate": e["rate"]} for e in detected],
+        "pushes": [{"step": e["step"], "version": e["version"], "reason": e["reason"]} for e in pushed],
+        "replans_skipped": sum(e["kind"] == "replan_skipped" for e in events),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "examples" / "models" / "small.yaml"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow-at", type=int, default=12)
+    parser.add_argument("--healthy-steps", type=int, default=300,
+                        help="steps of the healthy run that counts false alarms")
     parser.add_argument("--overhead-window", type=int, default=4, help="steps per window, streaming or frozen")
     parser.add_argument("--overhead-windows", type=int, default=81,
                         help="odd, so frozen windows surround every streaming one; single steps vary by ~10%% here")
@@ -200,35 +267,15 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        job = tmp / "job.yaml"
-        job.write_text(f"model: {args.model}\nsteps: {args.steps}\nseed: 0\n")
-        out = tmp / "up"
-        subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(args.devices_per_node), "--job", str(job),
-                                 "--straggle", f"node-1/0=3@{args.slow_at}", "--out", str(out)],
-                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        trace, events = read(out / "trace.jsonl"), read(out / "events.jsonl")
-        migrations = read(out / "migrations.jsonl")
-        slow_start = next(t["wall_start"] for t in trace if t["step"] == args.slow_at)
-        detected = next(e for e in events if e["kind"] == "straggler_detected" and e["step"] >= args.slow_at)
-        committed = next(e for e in events if e["kind"] == "plan_committed" and e["version"] > 1
-                         and e["step"] >= args.slow_at)
-        switch_step = committed["step"]
-        before = median_rate(trace, 1, args.slow_at)
-        while_slow = median_rate(trace, args.slow_at, switch_step)
-        after = median_rate(trace, switch_step + 1, args.steps)
-
+        straggler = straggler_run(tmp, args.model, args.steps, args.slow_at, args.devices_per_node)
+        healthy = false_alarms(tmp, args.model, args.healthy_steps, args.devices_per_node)
         overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_window,
                                       args.overhead_windows)
     print(json.dumps({
-        "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
-        "steps_to_detection": detected["step"] - args.slow_at,
-        "steps_to_committed_plan": switch_step - args.slow_at,
-        "target_steps_to_committed_plan_at_most": 5,
-        "seconds_to_committed_plan": committed["time"] - slow_start,
-        "samples_per_s": {"before": before, "while_slow": while_slow, "after": after},
-        "after_over_while": after / while_slow,
-        "target_after_over_while_at_least": 1.4,
-        "migrations": migrations,
+        "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "model": Path(args.model).stem,
+        "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
+        **straggler,
+        "false_alarms": healthy,
         "telemetry_overhead": overhead,
         "target_telemetry_overhead_below": 0.02,
     }, indent=1))

@@ -1,23 +1,23 @@
 """The `drover` command line: thin click commands over library functions.
 
-Errors are mapped to exit codes in one place, `main`: bad input (a spec file,
-a plan, a usage mistake) prints one line on stderr and exits 2.
+The group is assembled here from the command modules: offline.py (plan,
+simulate, train), remote.py (commands that talk to a control plane),
+daemons.py (server, agent) and up.py (a local cluster and one job). Errors
+are mapped to exit codes in one place, `main`: bad input (a spec file, a
+plan, a usage mistake) prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
+import grpc
 
-from drover.planner.cluster import load_cluster
 from drover.planner.errors import PlanError, SpecError
-from drover.planner.model import load_model
-from drover.planner.plan import load_plan
-from drover.planner.search import STRATEGIES, make_plan
-from drover.planner.simulate import load_events, simulate as simulate_run
-from .render import render_plan, render_simulation
+
+from . import daemons, offline, remote, up
+from .local_cluster import LocalClusterError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,110 +25,15 @@ def cli() -> None:
     """Drover keeps hybrid-parallel training fast when GPUs straggle and networks differ."""
 
 
-@cli.group(invoke_without_command=True)
-@click.option("--cluster", "cluster_file", metavar="FILE", help="Cluster file (YAML or JSON).")
-@click.option("--model", "model_file", metavar="FILE", help="Model file (YAML or JSON).")
-@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="drover", show_default=True,
-              help="drover: the three-phase planner; uniform, drop: the Megatron-style baselines.")
-@click.option("--json", "as_json", is_flag=True, help="Print only the plan JSON of the spec.")
-@click.pass_context
-def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) -> None:
-    """Plan GPU groups, pipeline stages, layers and micro-batches for a cluster.
-
-    With --cluster and --model: plan offline. `plan show` and `plan history`
-    read a running job's plans from the control plane."""
-    if ctx.invoked_subcommand is not None:
-        return
-    if not cluster_file or not model_file:
-        raise click.UsageError("--cluster and --model are required to plan offline")
-    cluster, model = load_cluster(cluster_file), load_model(model_file)
-    result = make_plan(cluster, model, strategy)
-    click.echo(result.to_json() if as_json else render_plan(result, cluster, model))
-
-
-@cli.command()
-@click.option("--cluster", "cluster_file", required=True, metavar="FILE", help="Cluster file (YAML or JSON).")
-@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
-@click.option("--events", "events_file", required=True, metavar="FILE",
-              help="Events: devices that slow, recover or fail, nodes that join (YAML).")
-@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Training steps.")
-@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
-def simulate(cluster_file: str, model_file: str, events_file: str, steps: int, as_json: bool) -> None:
-    """Replay a run under changing device rates for drover, uniform and drop-and-restart."""
-    cluster, model = load_cluster(cluster_file), load_model(model_file)
-    runs = simulate_run(cluster, model, load_events(events_file, cluster), steps)
-    if as_json:
-        click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
-    else:
-        click.echo(render_simulation(runs))
-
-
-def _parse_switch(ctx, param, values) -> list[tuple[int, str]]:
-    out = []
-    for value in values:
-        step, sep, path = value.partition(":")
-        if not sep or not step.isdigit() or int(step) < 1 or not path:
-            raise click.BadParameter(f"{value!r}: expected STEP:FILE with STEP >= 1", param=param)
-        out.append((int(step), path))
-    steps = [s for s, _ in out]
-    if steps != sorted(set(steps)):
-        raise click.BadParameter(f"steps {steps}: each switch needs a later step than the one before", param=param)
-    return out
-
-
-def parse_slowdowns(values, param, example: str, default_step: int | None = None) -> list[tuple[str, float, int]]:
-    """DEVICE=RATE@STEP options as (device, rate, step); @STEP may be left out only with a default."""
-    out = []
-    for value in values:
-        device, _, rest = value.partition("=")
-        rate, at, step = rest.partition("@")
-        try:
-            rate_f = float(rate)
-            step_i = int(step) if at or default_step is None else default_step
-        except ValueError:
-            raise click.BadParameter(f"{value!r}: expected DEVICE=RATE@STEP, e.g. {example}", param=param)
-        if not device or not rate_f >= 1.0 or step_i < 0:
-            raise click.BadParameter(f"{value!r}: RATE must be >= 1 and STEP >= 0", param=param)
-        out.append((device, rate_f, step_i))
-    return out
-
-
-def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
-    return {device: (rate, step) for device, rate, step in parse_slowdowns(values, param, "local/1=3@5", 0)}
-
-
-@cli.command()
-@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
-@click.option("--reference", is_flag=True, help="One process, no parallelism: what every plan must match.")
-@click.option("--workers", type=click.IntRange(min=1), help="Local worker processes, devices local/0..N-1.")
-@click.option("--plan", "plan_file", metavar="FILE", help="The plan to start with (plan JSON of the spec).")
-@click.option("--switch", "switches", multiple=True, callback=_parse_switch, metavar="STEP:FILE",
-              help="Switch live to another plan at a step; repeatable.")
-@click.option("--slow", multiple=True, callback=_parse_slow, metavar="DEVICE=RATE@STEP",
-              help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.")
-@click.option("--steps", type=click.IntRange(min=1), required=True, help="Training steps.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the model and the data.")
-@click.option("--out", "out_dir", required=True, metavar="DIR",
-              help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).")
-def train(model_file, reference, workers, plan_file, switches, slow, steps, seed, out_dir) -> None:
-    """Train the model, on local workers following plans or as the single-process reference."""
-    from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
-
-    spec = load_model(model_file)
-    if reference:
-        if workers or plan_file or switches or slow:
-            raise click.UsageError("--reference takes only --model, --steps, --seed and --out")
-        train_reference(spec, steps, seed, out_dir)
-        return
-    if not workers or not plan_file:
-        raise click.UsageError("--workers and --plan are required without --reference")
-    plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
-    train_workers(spec, workers, plans, steps, seed, out_dir, slow)
+for command in (offline.plan, offline.simulate, offline.train, up.up, daemons.server, daemons.agent, remote.job,
+                remote.nodes, remote.telemetry, remote.replan, remote.detect, remote.node, remote.straggle):
+    cli.add_command(command)
+# `drover plan` plans offline; its subcommands read a running job's plans.
+offline.plan.add_command(remote.plan_show)
+offline.plan.add_command(remote.plan_history)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from . import remote, up  # noqa: F401  (registers the commands that talk to a control plane)
-    import grpc
     try:
         cli.main(args=argv, prog_name="drover", standalone_mode=False)
     except (SpecError, PlanError) as exc:
@@ -143,4 +48,6 @@ def main(argv: list[str] | None = None) -> None:
     except grpc.RpcError as exc:
         click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
-
+    except LocalClusterError as exc:
+        click.echo(f"drover: error: {exc}", err=True)
+        sys.exit(1)

@@ -18,7 +18,7 @@ def compact_devices(ids: list[str] | tuple[str, ...]) -> str:
     for node, indices in by_node.items():
         indices.sort()
         runs, start = [], indices[0]
-        for prev, cur in zip(indices, indices[1:] + [None]):
+        for prev, cur in zip(indices, indices[1:] + [None], strict=True):
             if cur != prev + 1:
                 runs.append(str(start) if start == prev else f"{start}-{prev}")
                 start = cur
@@ -29,7 +29,7 @@ def compact_devices(ids: list[str] | tuple[str, ...]) -> str:
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    line = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
@@ -37,7 +37,7 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
     breakdown = evaluate(plan, cluster, model)
     devices = cluster.device_by_id
     rows = []
-    for i, (p, t_p) in enumerate(zip(plan.pipelines, breakdown.pipeline_times_s)):
+    for i, (p, t_p) in enumerate(zip(plan.pipelines, breakdown.pipeline_times_s, strict=True)):
         for k, s in enumerate(p.stages):
             slowest = max(devices[d].rate for d in s.devices)
             rows.append([i if k == 0 else "", p.micro_batches if k == 0 else "", k, compact_devices(s.devices),

@@ -1,4 +1,5 @@
-"""`drover plan` through the installed console script and in-process."""
+"""The command line through the installed console script and in-process, and
+`drover up`'s summary from hand-made output files."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import json
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from conftest import ROOT
 from drover.cli import main
+from drover.cli.up import summary
 from drover.planner.cluster import load_cluster
 from drover.planner.cost import validate
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
+
+from conftest import ROOT
 
 CLUSTER = ROOT / "examples" / "clusters" / "a100-64-stragglers.yaml"
 MODEL = ROOT / "examples" / "models" / "gpt-7b.yaml"
@@ -95,7 +99,6 @@ def test_simulate_bad_events_exit_2(tmp_path):
 
 
 def test_every_command_is_documented():
-    from drover.cli import remote, up  # noqa: F401  (registers the commands)
     from drover.cli import cli
     doc = (ROOT / "docs" / "cli.md").read_text()
     for name, command in cli.commands.items():
@@ -112,3 +115,55 @@ def test_plan_for_a_llama_model_keeps_tp_within_kv_heads(capsys):
     model = load_model(llama)
     validate(plan, load_cluster(CLUSTER), model)
     assert all(model.kv_heads % len(s.devices) == 0 for p in plan.pipelines for s in p.stages)
+
+
+def write_up_output(out, events: list[dict], migrations: list[dict] = (), steps: int = 30) -> None:
+    """What `drover up` leaves in its output folder: a trace, the job's events, the migrations."""
+    out.mkdir(exist_ok=True)
+    (out / "trace.jsonl").write_text("".join(
+        json.dumps({"step": s, "samples_per_s": 20.0 if s < 10 else 8.0}) + "\n" for s in range(steps)))
+    (out / "events.jsonl").write_text("".join(json.dumps({"time": 0.0, **e}) + "\n" for e in events))
+    (out / "migrations.jsonl").write_text("".join(json.dumps(m) + "\n" for m in migrations))
+
+
+JOB_DONE = SimpleNamespace(id="job-1", state="completed", step=29, detail="")
+STARTED = [{"step": 0, "kind": "job_started"}, {"step": 0, "kind": "plan_committed", "version": 1}]
+DETECTED = {"step": 13, "kind": "straggler_detected", "device": "node-1/0", "rate": 2.9}
+
+
+@pytest.mark.parametrize("events, reason", [
+    (STARTED + [{"step": 4, "kind": "straggler_detected", "device": "node-0/1", "rate": 1.3}],
+     "no new plan: the detector flagged no device (straggler injected at step 10, job ended at step 29)"),
+    (STARTED + [DETECTED, {"step": 13, "kind": "replan_skipped", "reason": "predicted gain 0.4 s < migration 2 s",
+                           "rates": {"node-1/0": 2.9}, "gain_s": 0.4, "migration_s": 2.0}],
+     "no new plan: predicted gain 0.4 s < migration 2 s"),
+    (STARTED + [DETECTED, {"step": 13, "kind": "replan_skipped", "rates": {"node-1/0": 2.9}, "gain_s": 0.4,
+                           "migration_s": 2.0}],  # a control plane from before the reason field
+     "no new plan: predicted gain 0.4 s over the remaining steps <= migration 2 s"),
+    (STARTED + [DETECTED, {"step": 27, "kind": "plan_pushed", "version": 2, "reason": "rates moved"}],
+     "no new plan: plan v2, pushed at step 27, was not running before the job ended at step 29"),
+    (STARTED + [DETECTED],
+     "no new plan: the detector flagged node-1/0 at 2.90x (step 13), but no replan was decided"),
+])
+def test_up_summary_says_why_no_plan_followed_the_straggler(tmp_path, events, reason):
+    write_up_output(tmp_path, events)
+    text = summary(tmp_path, JOB_DONE, [10])
+    assert reason in text
+    assert [line for line in text.splitlines() if line.startswith("after the new plan")][0].endswith("-")
+
+
+def test_up_summary_after_a_new_plan_gives_no_reason(tmp_path):
+    events = STARTED + [DETECTED, {"step": 13, "kind": "plan_pushed", "version": 2, "reason": "rates moved"},
+                        {"step": 15, "kind": "plan_committed", "version": 2}]
+    write_up_output(tmp_path, events, [{"step": 15, "blocks_moved": 2, "bytes_moved": 1024, "seconds": 0.01}])
+    text = summary(tmp_path, JOB_DONE, [10])
+    assert "no new plan" not in text and "plans committed: v1@step 0, v2@step 15" in text
+    rates = {line.rsplit(None, 1)[0].strip(): line.rsplit(None, 1)[1] for line in text.splitlines()
+             if line.startswith(("before", "while", "after"))}
+    assert rates == {"before the straggler": "20.0", "while slow": "8.0", "after the new plan": "8.0"}
+
+
+def test_up_summary_without_a_straggler_gives_no_reason(tmp_path):
+    write_up_output(tmp_path, STARTED)
+    text = summary(tmp_path, JOB_DONE, [])
+    assert "no new plan" not in text and "while slow" not in text

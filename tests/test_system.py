@@ -7,21 +7,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
-from conftest import ROOT
 from drover.agent.runtime.launch import train_reference
+from drover.cli.local_cluster import DROVER, LocalCluster
 from drover.control_plane.jobfile import load_job
-from drover.planner.ports import free_port
-from drover.v1 import jobs_pb2, jobs_pb2_grpc
+from drover.v1 import jobs_pb2
 
-DROVER = [sys.executable, "-m", "drover.cli"]
+from conftest import ROOT
+
 TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 
@@ -74,66 +71,12 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     assert_equals_reference(out, TINY_JOB, tmp_path)
 
 
-class LocalCluster:
-    def __init__(self, tmp: Path, nodes: int = 2, devices: int = 2):
-        self.tmp, self.port = tmp, free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.logs = tmp / "logs"
-        self.logs.mkdir(exist_ok=True)
-        self.server = self._server()
-        self.agents = [subprocess.Popen(DROVER + ["agent", "--control-plane", self.address, "--node", f"node-{i}",
-                                                  "--cpu-devices", str(devices), "--interval", "0.25",
-                                                  "--work-dir", str(tmp / "agents")],
-                                        stdout=open(self.logs / f"agent-{i}.log", "a"), stderr=subprocess.STDOUT)
-                       for i in range(nodes)]
-        self.stub = jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(self.address))
-        self.wait_until(lambda: sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest()).nodes)
-                        == nodes)
-
-    def _server(self) -> subprocess.Popen:
-        return subprocess.Popen(DROVER + ["server", "--db", str(self.tmp / "drover.db"), "--listen", self.address],
-                                stdout=open(self.logs / "server.log", "a"), stderr=subprocess.STDOUT)
-
-    def restart_server(self) -> None:
-        self.server.send_signal(signal.SIGKILL)
-        self.server.wait()
-        self.server = self._server()
-
-    def wait_until(self, predicate, timeout_s: float = 120.0):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"timed out; logs in {self.logs}")
-
-    def job(self, job_id: str) -> jobs_pb2.Job:
-        return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
-
-    def stop(self) -> list[int | None]:
-        """SIGTERM everything, as docker and `drover up` do; the exit codes (None: had to be killed)."""
-        for proc in self.agents + [self.server]:
-            proc.send_signal(signal.SIGTERM)
-        codes = []
-        for proc in self.agents + [self.server]:
-            try:
-                codes.append(proc.wait(timeout=15))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(None)
-        return codes
-
-
 @pytest.fixture
 def local_cluster(tmp_path):
     clusters = []
 
     def make(**kwargs) -> LocalCluster:
-        clusters.append(LocalCluster(tmp_path, **kwargs))
+        clusters.append(LocalCluster(tmp_path, telemetry_interval_s=0.25, **kwargs))
         return clusters[-1]
     yield make
     for c in clusters:
@@ -145,15 +88,14 @@ def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 60\nseed: 4\n")
     c = local_cluster()
     out = tmp_path / "out"
-    job = c.stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_file.read_text(), base_dir=str(tmp_path),
-                                                     out_dir=str(out)))
+    job = c.submit(job_file, out)
     c.wait_until(lambda: c.job(job.id).committed_plan_version == 1 and c.job(job.id).step >= 3)
     step_before = c.job(job.id).step
     c.restart_server()
     c.wait_until(lambda: c.job(job.id).state == "running")  # it knows the job from SQLite
     plans = c.stub.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id)).plans
     assert [p.version for p in plans] == [1] and plans[0].committed
-    c.wait_until(lambda: sum(n.connected for n in c.stub.ListNodes(jobs_pb2.ListNodesRequest()).nodes) == 2)
+    c.wait_until(lambda: c.connected_nodes() == 2)
     newest = max(p.version for p in c.stub.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id)).plans)
     forced = c.stub.Replan(jobs_pb2.ReplanRequest(job_id=job.id, reason="after restart"))
     assert forced.version == newest + 1 >= 2  # the next version, never a reused one
@@ -183,8 +125,7 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 400\nseed: 1\n")
     c = local_cluster()
-    job = c.stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_file.read_text(), base_dir=str(tmp_path),
-                                                     out_dir=str(tmp_path / "out")))
+    job = c.submit(job_file, tmp_path / "out")
     c.wait_until(lambda: c.job(job.id).step >= 3)
     workers = _workers_of(c.agents[1].pid)
     assert len(workers) == 2, workers
@@ -207,7 +148,7 @@ def run_cli(address: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
-    c = local_cluster(nodes=1, devices=2)
+    c = local_cluster(nodes=1, devices_per_node=2)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
     submitted = run_cli(c.address, "job", "submit", str(job_file), "--out", str(tmp_path / "out"), "--json")

@@ -1,0 +1,88 @@
+"""The long-running processes: `drover server` (the control plane) and
+`drover agent` (a node agent), both at lowered CPU priority until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import click
+
+from .options import control_plane_option
+
+DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
+
+
+def lower_priority(by: int) -> None:
+    """Niceness +`by`, and on Linux SCHED_BATCH: a daemon thread that wakes then waits for the
+    running worker's time slice to end instead of preempting it, yet keeps its fair share, so
+    it cannot starve. Linux keeps both per thread and new threads inherit their creator's:
+    every thread there is now (an import may have started some) is changed, later ones follow."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        os.nice(by)
+        return
+    for tid in (int(t.name) for t in tasks.iterdir()):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + by, 19))
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except ProcessLookupError:
+            pass  # that thread has ended
+
+
+def run_until_stopped(main) -> None:
+    """Run a daemon's coroutine at lowered CPU priority until SIGTERM or SIGINT, then let it
+    clean up. Telemetry can wait a few milliseconds; a training step that waits for a daemon
+    holds up the whole pipeline. Both signals are handled explicitly: SIGTERM is what docker
+    and `drover up` send, and a shell that starts us in the background leaves SIGINT ignored,
+    so Python's KeyboardInterrupt would never come. A second signal does not cut the clean-up
+    short (SIGKILL still does)."""
+    lower_priority(DAEMON_NICENESS)
+
+    async def guarded():
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+        def stop():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, lambda: None)
+            task.cancel()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop)
+        try:
+            await main
+        except asyncio.CancelledError:
+            pass
+    asyncio.run(guarded())
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+@click.command()
+@click.option("--db", default="drover.db", show_default=True, help="SQLite file, or any SQLAlchemy URL.")
+@click.option("--listen", default="127.0.0.1:50051", show_default=True, help="Address to serve gRPC on.")
+def server(db: str, listen: str) -> None:
+    """Run the control plane."""
+    from drover.control_plane.api import serve
+    _log_to_stderr()
+    run_until_stopped(serve(db, listen))
+
+
+@click.command()
+@control_plane_option
+@click.option("--node", default=socket.gethostname(), show_default=True, help="This node's name.")
+@click.option("--cpu-devices", type=click.IntRange(min=0), default=0,
+              help="Run this many CPU devices instead of discovering GPUs.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="Seconds between telemetry messages.")
+@click.option("--work-dir", default=".drover-agent", show_default=True, help="Where job inboxes live.")
+def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str) -> None:
+    """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
+    from drover.agent.daemon import Agent
+    _log_to_stderr()
+    run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}").run_forever())

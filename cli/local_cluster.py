@@ -1,0 +1,120 @@
+"""A control plane and N agents as processes on this machine: what `drover up`
+runs its job on, and what the system tests start."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from drover.planner.ports import free_port
+
+from .client import connect, jobs_pb2, submit_job
+
+DROVER = [sys.executable, "-m", "drover.cli"]
+
+
+class LocalClusterError(RuntimeError):
+    """A process of the local cluster exited, or what was waited for did not happen in time."""
+
+
+class LocalCluster:
+    """`drover server` (SQLite at WORK_DIR/drover.db) and `drover agent` processes node-0 ..
+    node-N-1 with K CPU devices each, started, and waited for until every agent is connected.
+    Logs go to WORK_DIR/logs, job inboxes to WORK_DIR/agents. `stop()` (or leaving a `with`
+    block) sends SIGTERM to all, as docker does, and kills what has not exited 15 s later."""
+
+    def __init__(self, work_dir: Path, nodes: int = 2, devices_per_node: int = 2,
+                 telemetry_interval_s: float = 0.5, connect_timeout_s: float = 120.0):
+        self.work_dir = Path(work_dir)
+        self.logs = self.work_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.address = f"127.0.0.1:{free_port()}"
+        self._log_files = []
+        self.server = self._start_server(log_mode="w")
+        self.agents: list[subprocess.Popen] = []
+        try:
+            for i in range(nodes):
+                self.agents.append(self._start(
+                    ["agent", "--control-plane", self.address, "--node", f"node-{i}", "--cpu-devices",
+                     str(devices_per_node), "--interval", str(telemetry_interval_s),
+                     "--work-dir", str(self.work_dir / "agents")], f"agent-{i}.log", "w"))
+            self.stub = connect(self.address)
+            self.wait_until(lambda: self.connected_nodes() >= nodes, connect_timeout_s,
+                            what=f"{nodes} agents to connect")
+        except BaseException:
+            self.stop()
+            raise
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def connected_nodes(self) -> int:
+        return sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest(), timeout=2).nodes)
+
+    def submit(self, job_file: Path, out_dir: Path) -> jobs_pb2.Job:
+        return submit_job(self.stub, Path(job_file), Path(out_dir))
+
+    def job(self, job_id: str) -> jobs_pb2.Job:
+        return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+
+    def wait_until(self, predicate, timeout_s: float = 120.0, what: str = "the condition"):
+        """Poll `predicate` until it returns something truthy and return that. RPC errors count
+        as not yet (the control plane may be starting or restarting); a process of the cluster
+        that exits, or the deadline, raises LocalClusterError."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            exited = [(name, p.returncode) for name, p in self._processes() if p.poll() is not None]
+            if exited:
+                raise LocalClusterError(", ".join(f"the {name} exited with code {code}" for name, code in exited)
+                                        + f" while waiting for {what}; logs in {self.logs}")
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise LocalClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self.logs}")
+
+    def restart_server(self) -> None:
+        """Kill the control plane (SIGKILL: no clean-up) and start it again on the same address and database."""
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
+        self.server = self._start_server(log_mode="a")
+
+    def stop(self) -> list[int | None]:
+        """SIGTERM the agents, then the control plane; their exit codes in that order (None: had to be killed)."""
+        processes = self.agents + [self.server]
+        for proc in processes:
+            proc.send_signal(signal.SIGTERM)
+        codes = []
+        for proc in processes:
+            try:
+                codes.append(proc.wait(timeout=15))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                codes.append(None)
+        for log in self._log_files:
+            log.close()
+        return codes
+
+    def _processes(self) -> list[tuple[str, subprocess.Popen]]:
+        return [("control plane", self.server)] + [(f"agent of node-{i}", a) for i, a in enumerate(self.agents)]
+
+    def _start_server(self, log_mode: str) -> subprocess.Popen:
+        return self._start(["server", "--db", str(self.work_dir / "drover.db"), "--listen", self.address],
+                           "server.log", log_mode)
+
+    def _start(self, args: list[str], log_name: str, log_mode: str) -> subprocess.Popen:
+        log = open(self.logs / log_name, log_mode)
+        self._log_files.append(log)
+        return subprocess.Popen(DROVER + args, stdout=log, stderr=subprocess.STDOUT)
