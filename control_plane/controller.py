@@ -272,8 +272,7 @@ class ControlPlane:
             await self._fail(job, f"workers on {node} failed: {status.detail}")
         elif all(job.node_states.get(n) == "completed" for n in job.nodes):
             job.step = max(job.step, job.spec.steps - 1)
-            await self._event(job, "job_completed", {})
-            await self._finish(job, "completed", "")
+            await self._end(job, "completed", "", "job_completed", {})
 
     # -- jobs -------------------------------------------------------------------------
 
@@ -318,15 +317,13 @@ class ControlPlane:
 
     async def cancel(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
-        if job is None:
-            row = await self.store.write(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
-            raise FailedPrecondition(f"job {job_id} is {row.state}; only a running job can be cancelled")
-        for node in job.nodes:
-            if node in self.outboxes:
-                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(
-                    command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job_id))))
-        await self._event(job, "job_cancelled", {})
-        return await self._finish(job, "cancelled", "cancelled by request")
+        if job is not None:
+            self._cancel_workers(job)
+            row = await self._end(job, "cancelled", "cancelled by request", "job_cancelled", {})
+            if row is not None:
+                return row
+        row = await self.store.query(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
+        raise FailedPrecondition(f"job {job_id} is {row.state}; only a running job can be cancelled")
 
     async def replan(self, job_id: str, reason: str) -> int:
         """Plan for what is measured now, whatever the detector thinks; the job's reconcile
@@ -428,30 +425,44 @@ class ControlPlane:
 
     async def _commit(self, job: RunningJob, version: int) -> None:
         await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
-        job.committed, job.committed_at = version, job.step
-        job.detector.restart()  # the new plan is judged on its own steps
+        # The plan has run since its switch (plan 1: since step 0); judge it on its own steps.
+        job.committed = version
+        job.committed_at = job.switched_at.get(version, 0 if version == 1 else job.step)
+        job.detector.discard_before(job.committed_at)
         await self._event(job, "plan_committed", {"version": version, "plan": job.plan.to_dict()},
-                          step=job.switched_at.get(version))
+                          step=job.committed_at)
 
     def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
         return agent_pb2.ControlMessage(plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version,
                                                                   plan=plan_to_proto(job.plan)))
 
-    async def _fail(self, job: RunningJob, detail: str) -> None:
+    def _cancel_workers(self, job: RunningJob) -> None:
         for node in job.nodes:
             if node in self.outboxes:
                 self.outboxes[node].put_nowait(agent_pb2.ControlMessage(
                     command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id))))
-        await self._event(job, "job_failed", {"reason": detail})
-        await self._finish(job, "failed", detail)
 
-    async def _finish(self, job: RunningJob, state: str, detail: str) -> Job:
-        self.jobs.pop(job.id, None)
+    async def _fail(self, job: RunningJob, detail: str) -> None:
+        self._cancel_workers(job)
+        await self._end(job, "failed", detail, "job_failed", {"reason": detail})
+
+    async def _end(self, job: RunningJob, state: str, detail: str, kind: str, details: dict) -> Job | None:
+        """End a running job once: its reconcile task stops first, so the ending event is the
+        job's last; None when it had ended already."""
+        if self.jobs.get(job.id) is not job:
+            return None
+        del self.jobs[job.id]
         if job.reconciler is not None and job.reconciler is not asyncio.current_task():
             job.reconciler.cancel()
+            await asyncio.gather(job.reconciler, return_exceptions=True)
+        # A plan every node ran before the end is committed, even if the end came first.
+        for action in coordinator.decide(job.state(self.detection_paused), Observation({}), self.settings):
+            if isinstance(action, coordinator.Commit):
+                await self._commit(job, action.version)
         for _, version in job.forced:
             if not version.done():
                 version.set_exception(FailedPrecondition(f"job {job.id} is {state}, not running"))
+        await self._event(job, kind, details)
 
         def update(session):
             row = queries.get_job(session, job.id)

@@ -54,16 +54,14 @@ class Detector:
     def __init__(self, settings: DetectorSettings = DetectorSettings()):
         self.settings = settings
         self._by_step: dict[int, dict[str, float]] = defaultdict(dict)  # step -> device -> compute
-        self._steps: dict[str, deque] = {}  # device -> its last steps with a sample
-        self._waits: dict[str, deque] = {}
+        self._steps: dict[str, deque] = {}  # device -> its last (step, p2p wait) samples
         self._slow: set[str] = set()  # devices judged slow (the hysteresis state)
 
     def observe(self, device: str, step: int, compute_s_per_block: float, p2p_wait_s: float) -> None:
         steps = self._steps.setdefault(device, deque(maxlen=self.settings.window))
-        if steps and step <= steps[-1]:
+        if steps and step <= steps[-1][0]:
             return  # a resent sample after a reconnect
-        steps.append(step)
-        self._waits.setdefault(device, deque(maxlen=self.settings.window)).append(p2p_wait_s)
+        steps.append((step, p2p_wait_s))
         self._by_step[step][device] = compute_s_per_block
         for old in [s for s in self._by_step if s < step - 4 * self.settings.window]:
             del self._by_step[old]  # bounded even when a device falls silent
@@ -71,15 +69,15 @@ class Detector:
     def forget(self, device: str) -> None:
         """Drop a device's window: it has no work in the plan, so nothing to judge."""
         self._steps.pop(device, None)
-        self._waits.pop(device, None)
         self._slow.discard(device)
 
-    def restart(self) -> None:
-        """Judge only what comes next (a new plan changes every device's work); the
+    def discard_before(self, step: int) -> None:
+        """Judge only steps from `step` on (a new plan changes every device's work); the
         hysteresis state is kept, so a known straggler is not re-announced."""
-        self._by_step.clear()
-        self._steps.clear()
-        self._waits.clear()
+        for old in [s for s in self._by_step if s < step]:
+            del self._by_step[old]
+        for device, samples in self._steps.items():
+            self._steps[device] = deque((s for s in samples if s[0] >= step), maxlen=self.settings.window)
 
     def rates(self) -> dict[str, float]:
         """Straggling rate per device with a full window of compared steps; healthy ones are 1.0."""
@@ -88,7 +86,7 @@ class Detector:
         rates = {}
         for device, steps in self._steps.items():
             ratios = [self._by_step[s][device] / references[s] if references[s] > 0 else 1.0
-                      for s in steps if s in references]
+                      for s, _ in steps if s in references]
             if len(ratios) < self.settings.window:
                 continue
             median = statistics.median(ratios)
@@ -102,7 +100,8 @@ class Detector:
 
     def slow_links(self) -> list[str]:
         """Devices whose point-to-point waits stand out while their compute does not."""
-        waits = {d: statistics.median(v) for d, v in self._waits.items() if len(v) == self.settings.window}
+        waits = {d: statistics.median(w for _, w in v) for d, v in self._steps.items()
+                 if len(v) == self.settings.window}
         if len(waits) < 2:
             return []
         median = statistics.median(waits.values())

@@ -76,12 +76,14 @@ def test_forgotten_device_has_no_rate():
     assert "d" not in d.rates()
 
 
-def test_restart_judges_only_new_steps():
+def test_a_new_plan_is_judged_on_its_own_steps():
     d = Detector()
     feed(d, {**HEALTHY, "d": [3] * 4})
-    d.restart()
+    d.discard_before(4)
     assert d.rates() == {}
-    feed(d, {**HEALTHY, "d": [1] * 4}, first_step=4)
+    feed(d, {"a": [1] * 3, "b": [1] * 3, "c": [1] * 3, "d": [1] * 3}, first_step=4)
+    assert d.rates() == {}  # three steps of the new plan: not a window yet
+    feed(d, {**HEALTHY, "d": [1] * 4}, first_step=7)
     assert d.rates()["d"] == 1.0
 
 
