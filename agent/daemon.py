@@ -19,7 +19,7 @@ import grpc
 
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
-from drover.planner.wire import STREAM_OPTIONS, plan_from_proto
+from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
@@ -88,7 +88,7 @@ class Agent:
 
     def _status(self, job_id: str, workers: JobWorkers) -> agent_pb2.JobStatus:
         state, detail = workers.state()
-        return agent_pb2.JobStatus(job_id=job_id, state=state, step=max(workers.step, 0),
+        return agent_pb2.JobStatus(job_id=job_id, state=job_state(state), step=max(workers.step, 0),
                                    active_plan_version=workers.active_version, detail=detail)
 
     # -- what comes down -------------------------------------------------------------
@@ -134,10 +134,10 @@ class Agent:
                 continue
             samples = [agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
                 device=row["device"], step=row["step"],
-                compute_s_per_block=row["compute_s_per_block_per_micro_batch"] or 0.0,
+                compute_s_per_block=row["compute_s_per_block"] or 0.0,
                 p2p_wait_s=row["p2p_wait_s"], grad_sync_s=row["grad_sync_s"])
                 for row in workers.new_telemetry()]
-            migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan"], bytes_moved=m["bytes_moved"],
+            migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan_version"], bytes_moved=m["bytes_moved"],
                                               blocks_moved=m["blocks_moved"], seconds=m["seconds"])
                           for m in workers.new_migrations()]
             now = time.time()

@@ -85,7 +85,7 @@ class JobWorkers:
         """The plan version every local worker has run (the observed generation)."""
         if len(self.latest) < len(self.local):
             return 0
-        return min(row["plan"] for row in self.latest.values())
+        return min(row["plan_version"] for row in self.latest.values())
 
     @property
     def step(self) -> int:

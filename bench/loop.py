@@ -116,14 +116,14 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
     for k in range(windows):
         inside = [t for t in trace if warm_up + k * window <= t["step"] < warm_up + (k + 1) * window]
         means.append(statistics.mean(t["step_time_s"] for t in inside))
-        switched.append(len({t["plan"] for t in inside}) > 1)
+        switched.append(len({t["plan_version"] for t in inside}) > 1)
     ratios = [means[k] / statistics.mean([means[k - 1], means[k + 1]]) - 1
               for k in range(1, windows - 1, 2) if not any(switched[k - 1:k + 2])]
     return {
         "overhead": statistics.mean(ratios),
         "overhead_ci95": block_bootstrap_ci(ratios),
         "window_pairs": len(ratios), "steps_per_window": window,
-        "plans_committed_while_measuring": len({t["plan"] for t in trace}) - 1,
+        "plans_committed_while_measuring": len({t["plan_version"] for t in trace}) - 1,
         # All windows: what the daemons catch up on after a frozen one is spent in the next.
         "cpu_of_control_plane_and_agents_over_workers": (cpu[-1][0] - cpu[0][0]) / (cpu[-1][1] - cpu[0][1]),
         "worker_side": worker_side_cost(tmp, statistics.mean(means)),
@@ -179,7 +179,7 @@ def worker_side_cost(tmp: Path, step_time_s: float, repeats: int = 2000) -> dict
     inbox), timed here in a loop, where the step's own noise cannot hide them."""
     inbox = tmp / "inbox"
     inbox.mkdir(exist_ok=True)
-    row = {"device": "node-0/0", "step": 1, "plan": 1, "compute_s_per_block_per_micro_batch": 0.01,
+    row = {"device": "node-0/0", "step": 1, "plan_version": 1, "compute_s_per_block": 0.01,
            "p2p_wait_s": 0.001, "grad_sync_s": 0.002, "loss": 4.2}
     with open(tmp / "telemetry.jsonl", "a") as f:
         started = time.perf_counter()
@@ -214,7 +214,7 @@ def straggler_run(tmp: Path, model: str, steps: int, slow_at: int, devices_per_n
     trace, events = read(out / "trace.jsonl"), read(out / "events.jsonl")
     slow_start = next(t["wall_start"] for t in trace if t["step"] == slow_at)
     detected = next((e for e in events if e["kind"] == "straggler_detected" and e["step"] >= slow_at), None)
-    committed = next((e for e in events if e["kind"] == "plan_committed" and e["version"] > 1
+    committed = next((e for e in events if e["kind"] == "plan_committed" and e["plan_version"] > 1
                       and e["step"] >= slow_at), None)
     figures = {
         "steps_to_detection": detected["step"] - slow_at if detected else None,
@@ -240,14 +240,14 @@ def false_alarms(tmp: Path, model: str, steps: int, devices_per_node: int) -> di
     the first is a false alarm."""
     events = read(run_up(tmp, "no-straggler", model, steps, devices_per_node) / "events.jsonl")
     detected = [e for e in events if e["kind"] == "straggler_detected"]
-    pushed = [e for e in events if e["kind"] == "plan_pushed" and e["version"] >= 2]
+    pushed = [e for e in events if e["kind"] == "plan_pushed" and e["plan_version"] >= 2]
     return {
         "steps": steps,
         "straggler_detected": len(detected),
         "plans_pushed": len(pushed),
-        "plans_committed": sum(e["kind"] == "plan_committed" and e["version"] >= 2 for e in events),
+        "plans_committed": sum(e["kind"] == "plan_committed" and e["plan_version"] >= 2 for e in events),
         "detections": [{"step": e["step"], "device": e["device"], "rate": e["rate"]} for e in detected],
-        "pushes": [{"step": e["step"], "version": e["version"], "reason": e["reason"]} for e in pushed],
+        "pushes": [{"step": e["step"], "plan_version": e["plan_version"], "reason": e["reason"]} for e in pushed],
         "replans_skipped": sum(e["kind"] == "replan_skipped" for e in events),
     }
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 
 from .client import connect, jobs_pb2, submit_job, to_dict, to_json
+from drover.planner.wire import job_state_name
+
 from .options import control_plane_option, json_option
 from .render import table
 
@@ -22,7 +24,7 @@ def _print(message, as_json: bool, render) -> None:
 
 def _job_rows(jobs) -> str:
     return table(["job", "state", "model", "step", "steps", "plan", "committed", "detail"],
-                 [[j.id, j.state, j.model_name, j.step, j.steps, j.plan_version, j.committed_plan_version,
+                 [[j.id, job_state_name(j.state), j.model_name, j.step, j.steps, j.plan_version, j.committed_plan_version,
                    j.detail[:60]] for j in jobs])
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from drover.planner.wire import job_state_name
+
 from .client import jobs_pb2
 from .local_cluster import LocalCluster
 from .options import parse_slowdowns
@@ -43,8 +45,8 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
         click.echo(summary(out, job, [s[2] for s in straggles]))
-    if job.state != "completed":
-        raise click.ClickException(f"job {job.id} {job.state}: {job.detail}")
+    if job_state_name(job.state) != "completed":
+        raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 
 
 def _follow(stub, job_id: str, out: Path) -> None:
@@ -82,13 +84,13 @@ def summary(out: Path, job, straggle_steps: list[int]) -> str:
     plans = [e for e in events if e["kind"] == "plan_committed"]
     lines = [
         "",
-        f"job {job.id}: {job.state} at step {job.step}" + (f" ({job.detail})" if job.detail else ""),
+        f"job {job.id}: {job_state_name(job.state)} at step {job.step}" + (f" ({job.detail})" if job.detail else ""),
         table(["phase", "median samples/s"], rows),
     ]
     if slow_from is not None and adapted_at is None:
         lines.append(f"no new plan: {no_new_plan_reason(events, slow_from, job.step)}")
     lines += [
-        "plans committed: " + (", ".join(f"v{e['version']}@step {e['step']}" for e in plans) or "none"),
+        "plans committed: " + (", ".join(f"v{e['plan_version']}@step {e['step']}" for e in plans) or "none"),
         "migrations: " + (", ".join(f"step {m['step']}: {m['blocks_moved']} blocks, {m['bytes_moved']} bytes, "
                                     f"{m['seconds']:.3f} s" for m in migrations) or "none"),
         f"output: {out} (trace.jsonl, migrations.jsonl, events.jsonl, model.pt)",
@@ -102,9 +104,9 @@ def no_new_plan_reason(events: list[dict], slow_from: int, end_step: int) -> str
     from its events: the plan pushed was not committed in time, the control plane decided the
     switch was not worth it, or nothing was detected."""
     after = [e for e in events if e["step"] >= slow_from]
-    pushed = [e for e in after if e["kind"] == "plan_pushed" and e["version"] >= 2]
+    pushed = [e for e in after if e["kind"] == "plan_pushed" and e["plan_version"] >= 2]
     if pushed:
-        return (f"plan v{pushed[-1]['version']}, pushed at step {pushed[-1]['step']}, was not running "
+        return (f"plan v{pushed[-1]['plan_version']}, pushed at step {pushed[-1]['step']}, was not running "
                 f"before the job ended at step {end_step}")
     skipped = [e for e in after if e["kind"] == "replan_skipped"]
     if skipped:

@@ -22,7 +22,7 @@ from drover.storage.queries import NotFound
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.plan import plan_from_dict
 from .controller import ControlPlane, FailedPrecondition, InvalidArgument
-from drover.planner.wire import STREAM_OPTIONS, plan_to_proto
+from drover.planner.wire import STREAM_OPTIONS, job_state, plan_to_proto
 
 log = logging.getLogger("drover.server")
 
@@ -110,7 +110,7 @@ def _peer_host(peer: str) -> str:
 
 
 def _job(row) -> jobs_pb2.Job:
-    return jobs_pb2.Job(id=row.id, state=row.state, model_name=row.model_name, steps=row.steps, seed=row.seed,
+    return jobs_pb2.Job(id=row.id, state=job_state(row.state), model_name=row.model_name, steps=row.steps, seed=row.seed,
                         step=row.step, plan_version=row.plan_version, committed_plan_version=row.committed_plan_version,
                         detail=row.detail, created=row.created, out_dir=row.out_dir)
 

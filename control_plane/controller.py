@@ -38,6 +38,7 @@ from .jobfile import JobSpec, job_from_yaml
 from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, make_plan, migration_seconds
 from drover.planner import plan_from_dict
 from drover.planner.ports import free_port
+from drover.planner.wire import job_state_name
 from drover.planner.wire import plan_to_proto
 
 log = logging.getLogger("drover.control_plane")
@@ -81,6 +82,7 @@ class RunningJob:
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
     reconciler: asyncio.Task | None = None
+    ending: bool = False  # the reconcile task finishes its round and stops
 
     def state(self, detection_paused: bool) -> JobState:
         return JobState(version=self.version, committed=self.committed,
@@ -199,8 +201,8 @@ class ControlPlane:
             if repeated:
                 raise InvalidArgument(f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique")
         await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
-        running_here = {j.job_id: j for j in hello.jobs if j.state == "running"}
-        for ended in (j for j in hello.jobs if j.state in ("completed", "failed")):
+        running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
+        for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
             await self.status(hello.node, ended)  # it may have ended while we were away
         for job in list(self.jobs.values()):
             if hello.node not in job.nodes:
@@ -248,7 +250,7 @@ class ControlPlane:
         self.store.buffer_samples(TelemetrySample, [
             {"job_id": message.job_id, "device": s.device, "time": message.time, "step": s.step,
              "compute_s_per_block": s.compute_s_per_block, "p2p_wait_s": s.p2p_wait_s, "grad_sync_s": s.grad_sync_s,
-             "samples_per_s": s.samples_per_s, "rate": rates.get(s.device, 1.0)} for s in message.devices])
+             "rate": rates.get(s.device, 1.0)} for s in message.devices])
         self.store.buffer_samples(NicSample, [
             {"node": node, "nic": n.nic, "time": message.time, "tx_bytes_per_s": n.tx_bytes_per_s,
              "rx_bytes_per_s": n.rx_bytes_per_s} for n in message.nics])
@@ -256,7 +258,7 @@ class ControlPlane:
             return
         for m in message.migrations:
             job.switched_at[m.plan_version] = m.step
-            await self._event(job, "migration_done", {"version": m.plan_version, "bytes_moved": m.bytes_moved,
+            await self._event(job, "migration_done", {"plan_version": m.plan_version, "bytes_moved": m.bytes_moved,
                                                       "blocks_moved": m.blocks_moved, "seconds": m.seconds},
                               step=m.step)
         job.node_versions[node] = message.active_plan_version
@@ -266,8 +268,9 @@ class ControlPlane:
         job = self.jobs.get(status.job_id)
         if job is None:
             return
-        job.node_states[node] = status.state
-        if status.state == "failed":
+        state = job_state_name(status.state)
+        job.node_states[node] = state
+        if state == "failed":
             await self._event(job, "workers_failed", {"node": node, "detail": status.detail})
             await self._fail(job, f"workers on {node} failed: {status.detail}")
         elif all(job.node_states.get(n) == "completed" for n in job.nodes):
@@ -303,7 +306,7 @@ class ControlPlane:
             session.flush()
             queries.add_plan(session, job_id, plan.to_dict(), "initial plan", {})
             queries.add_event(session, job_id, 0, "job_started", {"nodes": [n for n, _, _ in nodes],
-                                                                   "devices": devices, "version": 1})
+                                                                   "devices": devices, "plan_version": 1})
             return queries.get_job(session, job_id)
         job_row = await self.store.write(create)
         job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings))
@@ -365,6 +368,8 @@ class ControlPlane:
         while True:
             await job.wake.wait()
             job.wake.clear()
+            if job.ending:
+                return
             forced = job.forced.pop(0) if job.forced else None
             if job.forced:
                 job.wake.set()  # another request waits: come round again
@@ -417,7 +422,7 @@ class ControlPlane:
     async def _push(self, job: RunningJob, plan: Plan, rates: dict[str, float], reason: str) -> int:
         row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
         job.plan, job.version, job.planned_rates = plan, row.version, dict(rates)
-        await self._event(job, "plan_pushed", {"version": row.version, "reason": reason})
+        await self._event(job, "plan_pushed", {"plan_version": row.version, "reason": reason})
         for node in job.nodes:
             if node in self.outboxes:
                 self.outboxes[node].put_nowait(self._plan_update(job))
@@ -429,7 +434,7 @@ class ControlPlane:
         job.committed = version
         job.committed_at = job.switched_at.get(version, 0 if version == 1 else job.step)
         job.detector.discard_before(job.committed_at)
-        await self._event(job, "plan_committed", {"version": version, "plan": job.plan.to_dict()},
+        await self._event(job, "plan_committed", {"plan_version": version, "plan": job.plan.to_dict()},
                           step=job.committed_at)
 
     def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
@@ -452,8 +457,9 @@ class ControlPlane:
         if self.jobs.get(job.id) is not job:
             return None
         del self.jobs[job.id]
+        job.ending = True  # a round under way finishes whole (its events and writes), then the task stops
+        job.wake.set()
         if job.reconciler is not None and job.reconciler is not asyncio.current_task():
-            job.reconciler.cancel()
             await asyncio.gather(job.reconciler, return_exceptions=True)
         # A plan every node ran before the end is committed, even if the end came first.
         for action in coordinator.decide(job.state(self.detection_paused), Observation({}), self.settings):
@@ -524,7 +530,7 @@ def _check_telemetry(message: agent_pb2.Telemetry) -> None:
         if not s.device:
             raise InvalidArgument(f"telemetry.devices[{i}].device = '': a device id NODE/INDEX")
         check(f"devices[{i}].compute_s_per_block", s.compute_s_per_block, MAX_COMPUTE_S)
-        for name in ("p2p_wait_s", "grad_sync_s", "samples_per_s", "utilization", "memory_used_gib"):
+        for name in ("p2p_wait_s", "grad_sync_s"):
             check(f"devices[{i}].{name}", getattr(s, name))
         if s.step < 0:
             raise InvalidArgument(f"telemetry.devices[{i}].step = {s.step}: an integer >= 0")

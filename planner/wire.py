@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from drover.v1 import plan_pb2
+from drover.v1 import plan_pb2, state_pb2
 
 from .plan import Plan, plan_from_dict
 
@@ -13,6 +13,16 @@ from .plan import Plan, plan_from_dict
 # For both ends of the agent stream: it carries small messages a few times a second, and
 # HTTP/2 bandwidth probing would add a ping and a wake-up to each.
 STREAM_OPTIONS = [("grpc.http2.bdp_probe", 0)]
+
+
+def job_state(name: str) -> state_pb2.JobState:
+    """'running' -> JOB_STATE_RUNNING: storage and the domain keep the short names."""
+    return state_pb2.JobState.Value(f"JOB_STATE_{name.upper()}")
+
+
+def job_state_name(value: state_pb2.JobState) -> str:
+    """JOB_STATE_RUNNING -> 'running'."""
+    return state_pb2.JobState.Name(value).removeprefix("JOB_STATE_").lower()
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:

@@ -78,7 +78,6 @@ class TelemetrySample(Base):
     compute_s_per_block: Mapped[float] = mapped_column(Float)
     p2p_wait_s: Mapped[float] = mapped_column(Float, default=0.0)
     grad_sync_s: Mapped[float] = mapped_column(Float, default=0.0)
-    samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     rate: Mapped[float] = mapped_column(Float, default=1.0)
     __table_args__ = (Index("telemetry_by_device", "job_id", "device", "id"), Index("telemetry_by_time", "time"))
 

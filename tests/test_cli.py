@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +16,7 @@ from drover.planner.cluster import load_cluster
 from drover.planner.cost import validate
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
+from drover.v1 import jobs_pb2, state_pb2
 
 from conftest import ROOT
 
@@ -126,8 +126,8 @@ def write_up_output(out, events: list[dict], migrations: list[dict] = (), steps:
     (out / "migrations.jsonl").write_text("".join(json.dumps(m) + "\n" for m in migrations))
 
 
-JOB_DONE = SimpleNamespace(id="job-1", state="completed", step=29, detail="")
-STARTED = [{"step": 0, "kind": "job_started"}, {"step": 0, "kind": "plan_committed", "version": 1}]
+JOB_DONE = jobs_pb2.Job(id="job-1", state=state_pb2.JOB_STATE_COMPLETED, step=29)
+STARTED = [{"step": 0, "kind": "job_started"}, {"step": 0, "kind": "plan_committed", "plan_version": 1}]
 DETECTED = {"step": 13, "kind": "straggler_detected", "device": "node-1/0", "rate": 2.9}
 
 
@@ -140,7 +140,7 @@ DETECTED = {"step": 13, "kind": "straggler_detected", "device": "node-1/0", "rat
     (STARTED + [DETECTED, {"step": 13, "kind": "replan_skipped", "rates": {"node-1/0": 2.9}, "gain_s": 0.4,
                            "migration_s": 2.0}],  # a control plane from before the reason field
      "no new plan: predicted gain 0.4 s over the remaining steps <= migration 2 s"),
-    (STARTED + [DETECTED, {"step": 27, "kind": "plan_pushed", "version": 2, "reason": "rates moved"}],
+    (STARTED + [DETECTED, {"step": 27, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"}],
      "no new plan: plan v2, pushed at step 27, was not running before the job ended at step 29"),
     (STARTED + [DETECTED],
      "no new plan: the detector flagged node-1/0 at 2.90x (step 13), but no replan was decided"),
@@ -153,8 +153,8 @@ def test_up_summary_says_why_no_plan_followed_the_straggler(tmp_path, events, re
 
 
 def test_up_summary_after_a_new_plan_gives_no_reason(tmp_path):
-    events = STARTED + [DETECTED, {"step": 13, "kind": "plan_pushed", "version": 2, "reason": "rates moved"},
-                        {"step": 15, "kind": "plan_committed", "version": 2}]
+    events = STARTED + [DETECTED, {"step": 13, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"},
+                        {"step": 15, "kind": "plan_committed", "plan_version": 2}]
     write_up_output(tmp_path, events, [{"step": 15, "blocks_moved": 2, "bytes_moved": 1024, "seconds": 0.01}])
     text = summary(tmp_path, JOB_DONE, [10])
     assert "no new plan" not in text and "plans committed: v1@step 0, v2@step 15" in text

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ROOT
 from drover.control_plane.api import start_server, stop_server
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
 from drover.storage.models import TelemetrySample
 
 JOB = (ROOT / "examples" / "jobs" / "tiny.yaml").read_text()
@@ -155,7 +155,7 @@ async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
     points = await jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id=job.id))
     assert list(points.points) == []
-    assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == "running"  # server carries on
+    assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING  # server carries on
 
 
 def _device(device_id: str) -> agent_pb2.Device:
@@ -204,7 +204,7 @@ async def test_cancel_twice_is_failed_precondition(plane):
     agent = ScriptedAgent(agents, "node-0")
     await connected(jobs, 1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
-    assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == "cancelled"
+    assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_CANCELLED
     code, _ = await code_of(jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
 
@@ -224,7 +224,7 @@ async def test_device_that_stops_reporting_fails_the_job(tmp_path):
                 agent_pb2.DeviceSample(device=d, step=step, compute_s_per_block=0.01) for d in devices]))
             await asyncio.sleep(0.25)
         final = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
-        assert final.state == "failed" and "node-0/1" in final.detail
+        assert final.state == state_pb2.JOB_STATE_FAILED and "node-0/1" in final.detail
         kinds = [e.kind async for e in jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
         assert "device_lost" in kinds
     finally:

@@ -15,7 +15,7 @@ import torch
 from drover.agent.runtime.launch import train_reference
 from drover.cli.local_cluster import DROVER, LocalCluster
 from drover.control_plane.jobfile import load_job
-from drover.v1 import jobs_pb2
+from drover.v1 import jobs_pb2, state_pb2
 
 from conftest import ROOT
 
@@ -45,7 +45,7 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     out = tmp_path / "up"
     (out / "telemetry").mkdir(parents=True)  # an earlier job's telemetry in a reused out dir is not this job's
     (out / "telemetry" / "worker-2.jsonl").write_text(json.dumps(
-        {"device": "node-1/0", "step": 999, "plan": 1, "compute_s_per_block_per_micro_batch": 9.0,
+        {"device": "node-1/0", "step": 999, "plan_version": 1, "compute_s_per_block": 9.0,
          "p2p_wait_s": 0.0, "grad_sync_s": 0.0}) + "\n")
     run = subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", "2", "--job", str(TINY_JOB),
                                    "--straggle", "node-1/0=3@6", "--out", str(out)],
@@ -60,8 +60,8 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     slow = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"
             and e["rate"] >= 2.0]
     assert slow and min(e["step"] for e in slow) >= 6
-    first = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["version"] == 1)
-    adapted = [e for e in events if e["kind"] == "plan_committed" and e["version"] >= 2
+    first = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["plan_version"] == 1)
+    adapted = [e for e in events if e["kind"] == "plan_committed" and e["plan_version"] >= 2
                and e["step"] >= slow[0]["step"]]
     assert adapted and work_of(adapted[0]["plan"], "node-1/0") < work_of(first, "node-1/0")
     assert any(e["kind"] == "migration_done" for e in events)
@@ -92,7 +92,7 @@ def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     c.wait_until(lambda: c.job(job.id).committed_plan_version == 1 and c.job(job.id).step >= 3)
     step_before = c.job(job.id).step
     c.restart_server()
-    c.wait_until(lambda: c.job(job.id).state == "running")  # it knows the job from SQLite
+    c.wait_until(lambda: c.job(job.id).state == state_pb2.JOB_STATE_RUNNING)  # it knows the job from SQLite
     plans = c.stub.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id)).plans
     assert [p.version for p in plans] == [1] and plans[0].committed
     c.wait_until(lambda: c.connected_nodes() == 2)
@@ -100,8 +100,8 @@ def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     forced = c.stub.Replan(jobs_pb2.ReplanRequest(job_id=job.id, reason="after restart"))
     assert forced.version == newest + 1 >= 2  # the next version, never a reused one
     c.wait_until(lambda: c.job(job.id).committed_plan_version >= forced.version)
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != "running" else None, 300)
-    assert final.state == "completed", final.detail
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 300)
+    assert final.state == state_pb2.JOB_STATE_COMPLETED, final.detail
     trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
     assert len(trace) == 60 and trace[-1]["step"] > step_before
     assert_equals_reference(out, job_file, tmp_path)
@@ -136,8 +136,8 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     assert os.sched_getscheduler(c.agents[1].pid) == os.SCHED_BATCH  # waits its turn rather than preempt
     assert [os.sched_getscheduler(w) for w in workers] == [os.SCHED_OTHER] * 2
     os.kill(workers[-1], signal.SIGKILL)
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != "running" else None, 120)
-    assert final.state == "failed" and "exited" in final.detail
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    assert final.state == state_pb2.JOB_STATE_FAILED and "exited" in final.detail
     kinds = [e.kind for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
     assert "workers_failed" in kinds and kinds[-1] == "job_failed"
 
@@ -157,7 +157,7 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     watched = run_cli(c.address, "job", "watch", job_id)
     assert watched.returncode == 0 and "job_completed" in watched.stdout
     listed = json.loads(run_cli(c.address, "job", "list", "--json").stdout)["jobs"]
-    assert [(j["id"], j["state"]) for j in listed] == [(job_id, "completed")]
+    assert [(j["id"], j["state"]) for j in listed] == [(job_id, "JOB_STATE_COMPLETED")]
     assert "completed" in run_cli(c.address, "job", "status", job_id).stdout
     nodes = json.loads(run_cli(c.address, "nodes", "--json").stdout)["nodes"]
     assert nodes[0]["name"] == "node-0" and nodes[0]["devices"] == ["node-0/0", "node-0/1"]

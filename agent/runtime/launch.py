@@ -113,7 +113,7 @@ def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path,
                 optim.update(p.data, p.grad, state[name], step + 1)
                 p.grad = None
             elapsed = time.perf_counter() - started
-            trace.write(json.dumps({"step": step, "loss": loss.item(), "plan": "reference",
+            trace.write(json.dumps({"step": step, "loss": loss.item(), "plan_version": 0,
                                     "step_time_s": elapsed, "samples_per_s": spec.global_batch / elapsed}) + "\n")
     (out / "migrations.jsonl").write_text("")
     torch.save(model.state_dict(), out / "model.pt")

@@ -113,5 +113,5 @@ def summarize(step: int, version: int, migrated: Migrated, started: float, devic
     dist.all_reduce(totals)
     seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return {"step": step, "plan": version, "bytes_moved": int(totals[0]), "blocks_moved": int(totals[1]),
+    return {"step": step, "plan_version": version, "bytes_moved": int(totals[0]), "blocks_moved": int(totals[1]),
             "seconds": float(seconds[0])}

@@ -44,8 +44,8 @@ class Stats:
 
     def to_dict(self, step: int, version: int) -> dict:
         per_piece = self.compute_s / (self.blocks * self.micro_batches) if self.blocks and self.micro_batches else None
-        return {"step": step, "plan": version, "compute_s": self.compute_s,
-                "compute_s_per_block_per_micro_batch": per_piece, "p2p_wait_s": self.p2p_wait_s,
+        return {"step": step, "plan_version": version, "compute_s": self.compute_s,
+                "compute_s_per_block": per_piece, "p2p_wait_s": self.p2p_wait_s,
                 "tp_wait_s": self.tp_wait_s,
                 "grad_sync_s": self.sync_s, "bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv)}
 

@@ -112,7 +112,7 @@ class Worker:
             dist.all_reduce(loss)
             elapsed = time.perf_counter() - started
             if trace:
-                trace.write(json.dumps({"step": step, "loss": loss.item(), "plan": self.version,
+                trace.write(json.dumps({"step": step, "loss": loss.item(), "plan_version": self.version,
                                         "step_time_s": elapsed, "samples_per_s": self.spec.global_batch / elapsed,
                                         "wall_start": wall_start, "wall_end": time.time()}) + "\n")
                 trace.flush()

@@ -1,4 +1,5 @@
 from drover.v1 import plan_pb2 as _plan_pb2
+from drover.v1 import state_pb2 as _state_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,16 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "telemetry", "ack", "status")
+    __slots__ = ("hello", "telemetry", "status")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
-    ACK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     telemetry: Telemetry
-    ack: Ack
     status: JobStatus
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
     __slots__ = ("start_job", "plan", "command")
@@ -98,24 +97,18 @@ class Migration(_message.Message):
     def __init__(self, step: _Optional[int] = ..., plan_version: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., blocks_moved: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class DeviceSample(_message.Message):
-    __slots__ = ("device", "step", "compute_s_per_block", "p2p_wait_s", "grad_sync_s", "samples_per_s", "utilization", "memory_used_gib")
+    __slots__ = ("device", "step", "compute_s_per_block", "p2p_wait_s", "grad_sync_s")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     P2P_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     GRAD_SYNC_S_FIELD_NUMBER: _ClassVar[int]
-    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
-    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
-    MEMORY_USED_GIB_FIELD_NUMBER: _ClassVar[int]
     device: str
     step: int
     compute_s_per_block: float
     p2p_wait_s: float
     grad_sync_s: float
-    samples_per_s: float
-    utilization: float
-    memory_used_gib: float
-    def __init__(self, device: _Optional[str] = ..., step: _Optional[int] = ..., compute_s_per_block: _Optional[float] = ..., p2p_wait_s: _Optional[float] = ..., grad_sync_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., utilization: _Optional[float] = ..., memory_used_gib: _Optional[float] = ...) -> None: ...
+    def __init__(self, device: _Optional[str] = ..., step: _Optional[int] = ..., compute_s_per_block: _Optional[float] = ..., p2p_wait_s: _Optional[float] = ..., grad_sync_s: _Optional[float] = ...) -> None: ...
 
 class NicSample(_message.Message):
     __slots__ = ("nic", "tx_bytes_per_s", "rx_bytes_per_s")
@@ -127,14 +120,6 @@ class NicSample(_message.Message):
     rx_bytes_per_s: float
     def __init__(self, nic: _Optional[str] = ..., tx_bytes_per_s: _Optional[float] = ..., rx_bytes_per_s: _Optional[float] = ...) -> None: ...
 
-class Ack(_message.Message):
-    __slots__ = ("job_id", "plan_version")
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    plan_version: int
-    def __init__(self, job_id: _Optional[str] = ..., plan_version: _Optional[int] = ...) -> None: ...
-
 class JobStatus(_message.Message):
     __slots__ = ("job_id", "state", "step", "active_plan_version", "detail")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -143,11 +128,11 @@ class JobStatus(_message.Message):
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    state: str
+    state: _state_pb2.JobState
     step: int
     active_plan_version: int
     detail: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., active_plan_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., step: _Optional[int] = ..., active_plan_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class StartJob(_message.Message):
     __slots__ = ("job_id", "model_yaml", "steps", "seed", "world_size", "ranks", "master_addr", "master_port", "plan_version", "plan", "out_dir")

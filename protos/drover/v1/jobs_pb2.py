@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from drover.v1 import plan_pb2 as drover_dot_v1_dot_plan__pb2
+from drover.v1 import state_pb2 as drover_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/jobs.proto\x12\tdrover.v1\x1a\x14\x64rover/v1/plan.proto\"G\n\x10SubmitJobRequest\x12\x10\n\x08job_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_dir\x18\x02 \x01(\t\x12\x0f\n\x07out_dir\x18\x03 \x01(\t\"\xc7\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0cplan_version\x18\x07 \x01(\x03\x12\x1e\n\x16\x63ommitted_plan_version\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0f\n\x07\x63reated\x18\n \x01(\x01\x12\x0f\n\x07out_dir\x18\x0b \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\"0\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.drover.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"W\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x05 \x01(\t\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x80\x01\n\nPlanRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcommitted\x18\x04 \x01(\x08\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x01\x12\x1d\n\x04plan\x18\x06 \x01(\x0b\x32\x0f.drover.v1.Plan\"1\n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11ListPlansResponse\x12$\n\x05plans\x18\x01 \x03(\x0b\x32\x15.drover.v1.PlanRecord\"/\n\rReplanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x13SetDetectionRequest\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"&\n\x14SetDetectionResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x1b\n\x0bNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"j\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x03 \x01(\x08\x12\x0f\n\x07\x64\x65vices\x18\x04 \x03(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x11\n\tlast_seen\x18\x06 \x01(\x01\"\x12\n\x10ListNodesRequest\"3\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.drover.v1.Node\"F\n\x15QueryTelemetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x03\"g\n\x0eTelemetryPoint\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x04 \x01(\x01\x12\x0c\n\x04rate\x18\x05 \x01(\x01\"C\n\x16QueryTelemetryResponse\x12)\n\x06points\x18\x01 \x03(\x0b\x32\x19.drover.v1.TelemetryPoint\"B\n\x0fStraggleRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\" \n\x10StraggleResponse\x12\x0c\n\x04node\x18\x01 \x01(\t2\x9e\x07\n\nJobService\x12\x38\n\tSubmitJob\x12\x1b.drover.v1.SubmitJobRequest\x1a\x0e.drover.v1.Job\x12\x32\n\x06GetJob\x12\x18.drover.v1.GetJobRequest\x1a\x0e.drover.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.drover.v1.ListJobsRequest\x1a\x1b.drover.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.drover.v1.CancelJobRequest\x1a\x0e.drover.v1.Job\x12@\n\x0bWatchEvents\x12\x1d.drover.v1.WatchEventsRequest\x1a\x10.drover.v1.Event0\x01\x12;\n\x07GetPlan\x12\x19.drover.v1.GetPlanRequest\x1a\x15.drover.v1.PlanRecord\x12\x46\n\tListPlans\x12\x1b.drover.v1.ListPlansRequest\x1a\x1c.drover.v1.ListPlansResponse\x12\x39\n\x06Replan\x12\x18.drover.v1.ReplanRequest\x1a\x15.drover.v1.PlanRecord\x12O\n\x0cSetDetection\x12\x1e.drover.v1.SetDetectionRequest\x1a\x1f.drover.v1.SetDetectionResponse\x12\x34\n\tDrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x36\n\x0bUndrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x46\n\tListNodes\x12\x1b.drover.v1.ListNodesRequest\x1a\x1c.drover.v1.ListNodesResponse\x12U\n\x0eQueryTelemetry\x12 .drover.v1.QueryTelemetryRequest\x1a!.drover.v1.QueryTelemetryResponse\x12\x43\n\x08Straggle\x12\x1a.drover.v1.StraggleRequest\x1a\x1b.drover.v1.StraggleResponseB\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/jobs.proto\x12\tdrover.v1\x1a\x14\x64rover/v1/plan.proto\x1a\x15\x64rover/v1/state.proto\"G\n\x10SubmitJobRequest\x12\x10\n\x08job_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_dir\x18\x02 \x01(\t\x12\x0f\n\x07out_dir\x18\x03 \x01(\t\"\xe2\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x0c \x01(\x0e\x32\x13.drover.v1.JobState\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0cplan_version\x18\x07 \x01(\x03\x12\x1e\n\x16\x63ommitted_plan_version\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0f\n\x07\x63reated\x18\n \x01(\x01\x12\x0f\n\x07out_dir\x18\x0b \x01(\tJ\x04\x08\x02\x10\x03\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\"0\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.drover.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"W\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x05 \x01(\t\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x80\x01\n\nPlanRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcommitted\x18\x04 \x01(\x08\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x01\x12\x1d\n\x04plan\x18\x06 \x01(\x0b\x32\x0f.drover.v1.Plan\"1\n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11ListPlansResponse\x12$\n\x05plans\x18\x01 \x03(\x0b\x32\x15.drover.v1.PlanRecord\"/\n\rReplanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x13SetDetectionRequest\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"&\n\x14SetDetectionResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x1b\n\x0bNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"j\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x03 \x01(\x08\x12\x0f\n\x07\x64\x65vices\x18\x04 \x03(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x11\n\tlast_seen\x18\x06 \x01(\x01\"\x12\n\x10ListNodesRequest\"3\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.drover.v1.Node\"F\n\x15QueryTelemetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x03\"g\n\x0eTelemetryPoint\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x04 \x01(\x01\x12\x0c\n\x04rate\x18\x05 \x01(\x01\"C\n\x16QueryTelemetryResponse\x12)\n\x06points\x18\x01 \x03(\x0b\x32\x19.drover.v1.TelemetryPoint\"B\n\x0fStraggleRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\" \n\x10StraggleResponse\x12\x0c\n\x04node\x18\x01 \x01(\t2\x9e\x07\n\nJobService\x12\x38\n\tSubmitJob\x12\x1b.drover.v1.SubmitJobRequest\x1a\x0e.drover.v1.Job\x12\x32\n\x06GetJob\x12\x18.drover.v1.GetJobRequest\x1a\x0e.drover.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.drover.v1.ListJobsRequest\x1a\x1b.drover.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.drover.v1.CancelJobRequest\x1a\x0e.drover.v1.Job\x12@\n\x0bWatchEvents\x12\x1d.drover.v1.WatchEventsRequest\x1a\x10.drover.v1.Event0\x01\x12;\n\x07GetPlan\x12\x19.drover.v1.GetPlanRequest\x1a\x15.drover.v1.PlanRecord\x12\x46\n\tListPlans\x12\x1b.drover.v1.ListPlansRequest\x1a\x1c.drover.v1.ListPlansResponse\x12\x39\n\x06Replan\x12\x18.drover.v1.ReplanRequest\x1a\x15.drover.v1.PlanRecord\x12O\n\x0cSetDetection\x12\x1e.drover.v1.SetDetectionRequest\x1a\x1f.drover.v1.SetDetectionResponse\x12\x34\n\tDrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x36\n\x0bUndrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x46\n\tListNodes\x12\x1b.drover.v1.ListNodesRequest\x1a\x1c.drover.v1.ListNodesResponse\x12U\n\x0eQueryTelemetry\x12 .drover.v1.QueryTelemetryRequest\x1a!.drover.v1.QueryTelemetryResponse\x12\x43\n\x08Straggle\x12\x1a.drover.v1.StraggleRequest\x1a\x1b.drover.v1.StraggleResponseB\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,54 +34,54 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'drover.v1.jobs_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\035drover.dev/drover/v1;droverv1'
-  _globals['_SUBMITJOBREQUEST']._serialized_start=57
-  _globals['_SUBMITJOBREQUEST']._serialized_end=128
-  _globals['_JOB']._serialized_start=131
-  _globals['_JOB']._serialized_end=330
-  _globals['_GETJOBREQUEST']._serialized_start=332
-  _globals['_GETJOBREQUEST']._serialized_end=363
-  _globals['_LISTJOBSREQUEST']._serialized_start=365
-  _globals['_LISTJOBSREQUEST']._serialized_end=382
-  _globals['_LISTJOBSRESPONSE']._serialized_start=384
-  _globals['_LISTJOBSRESPONSE']._serialized_end=432
-  _globals['_CANCELJOBREQUEST']._serialized_start=434
-  _globals['_CANCELJOBREQUEST']._serialized_end=468
-  _globals['_EVENT']._serialized_start=470
-  _globals['_EVENT']._serialized_end=557
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=559
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=595
-  _globals['_PLANRECORD']._serialized_start=598
-  _globals['_PLANRECORD']._serialized_end=726
-  _globals['_GETPLANREQUEST']._serialized_start=728
-  _globals['_GETPLANREQUEST']._serialized_end=777
-  _globals['_LISTPLANSREQUEST']._serialized_start=779
-  _globals['_LISTPLANSREQUEST']._serialized_end=813
-  _globals['_LISTPLANSRESPONSE']._serialized_start=815
-  _globals['_LISTPLANSRESPONSE']._serialized_end=872
-  _globals['_REPLANREQUEST']._serialized_start=874
-  _globals['_REPLANREQUEST']._serialized_end=921
-  _globals['_SETDETECTIONREQUEST']._serialized_start=923
-  _globals['_SETDETECTIONREQUEST']._serialized_end=960
-  _globals['_SETDETECTIONRESPONSE']._serialized_start=962
-  _globals['_SETDETECTIONRESPONSE']._serialized_end=1000
-  _globals['_NODEREQUEST']._serialized_start=1002
-  _globals['_NODEREQUEST']._serialized_end=1029
-  _globals['_NODE']._serialized_start=1031
-  _globals['_NODE']._serialized_end=1137
-  _globals['_LISTNODESREQUEST']._serialized_start=1139
-  _globals['_LISTNODESREQUEST']._serialized_end=1157
-  _globals['_LISTNODESRESPONSE']._serialized_start=1159
-  _globals['_LISTNODESRESPONSE']._serialized_end=1210
-  _globals['_QUERYTELEMETRYREQUEST']._serialized_start=1212
-  _globals['_QUERYTELEMETRYREQUEST']._serialized_end=1282
-  _globals['_TELEMETRYPOINT']._serialized_start=1284
-  _globals['_TELEMETRYPOINT']._serialized_end=1387
-  _globals['_QUERYTELEMETRYRESPONSE']._serialized_start=1389
-  _globals['_QUERYTELEMETRYRESPONSE']._serialized_end=1456
-  _globals['_STRAGGLEREQUEST']._serialized_start=1458
-  _globals['_STRAGGLEREQUEST']._serialized_end=1524
-  _globals['_STRAGGLERESPONSE']._serialized_start=1526
-  _globals['_STRAGGLERESPONSE']._serialized_end=1558
-  _globals['_JOBSERVICE']._serialized_start=1561
-  _globals['_JOBSERVICE']._serialized_end=2487
+  _globals['_SUBMITJOBREQUEST']._serialized_start=80
+  _globals['_SUBMITJOBREQUEST']._serialized_end=151
+  _globals['_JOB']._serialized_start=154
+  _globals['_JOB']._serialized_end=380
+  _globals['_GETJOBREQUEST']._serialized_start=382
+  _globals['_GETJOBREQUEST']._serialized_end=413
+  _globals['_LISTJOBSREQUEST']._serialized_start=415
+  _globals['_LISTJOBSREQUEST']._serialized_end=432
+  _globals['_LISTJOBSRESPONSE']._serialized_start=434
+  _globals['_LISTJOBSRESPONSE']._serialized_end=482
+  _globals['_CANCELJOBREQUEST']._serialized_start=484
+  _globals['_CANCELJOBREQUEST']._serialized_end=518
+  _globals['_EVENT']._serialized_start=520
+  _globals['_EVENT']._serialized_end=607
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=609
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=645
+  _globals['_PLANRECORD']._serialized_start=648
+  _globals['_PLANRECORD']._serialized_end=776
+  _globals['_GETPLANREQUEST']._serialized_start=778
+  _globals['_GETPLANREQUEST']._serialized_end=827
+  _globals['_LISTPLANSREQUEST']._serialized_start=829
+  _globals['_LISTPLANSREQUEST']._serialized_end=863
+  _globals['_LISTPLANSRESPONSE']._serialized_start=865
+  _globals['_LISTPLANSRESPONSE']._serialized_end=922
+  _globals['_REPLANREQUEST']._serialized_start=924
+  _globals['_REPLANREQUEST']._serialized_end=971
+  _globals['_SETDETECTIONREQUEST']._serialized_start=973
+  _globals['_SETDETECTIONREQUEST']._serialized_end=1010
+  _globals['_SETDETECTIONRESPONSE']._serialized_start=1012
+  _globals['_SETDETECTIONRESPONSE']._serialized_end=1050
+  _globals['_NODEREQUEST']._serialized_start=1052
+  _globals['_NODEREQUEST']._serialized_end=1079
+  _globals['_NODE']._serialized_start=1081
+  _globals['_NODE']._serialized_end=1187
+  _globals['_LISTNODESREQUEST']._serialized_start=1189
+  _globals['_LISTNODESREQUEST']._serialized_end=1207
+  _globals['_LISTNODESRESPONSE']._serialized_start=1209
+  _globals['_LISTNODESRESPONSE']._serialized_end=1260
+  _globals['_QUERYTELEMETRYREQUEST']._serialized_start=1262
+  _globals['_QUERYTELEMETRYREQUEST']._serialized_end=1332
+  _globals['_TELEMETRYPOINT']._serialized_start=1334
+  _globals['_TELEMETRYPOINT']._serialized_end=1437
+  _globals['_QUERYTELEMETRYRESPONSE']._serialized_start=1439
+  _globals['_QUERYTELEMETRYRESPONSE']._serialized_end=1506
+  _globals['_STRAGGLEREQUEST']._serialized_start=1508
+  _globals['_STRAGGLEREQUEST']._serialized_end=1574
+  _globals['_STRAGGLERESPONSE']._serialized_start=1576
+  _globals['_STRAGGLERESPONSE']._serialized_end=1608
+  _globals['_JOBSERVICE']._serialized_start=1611
+  _globals['_JOBSERVICE']._serialized_end=2537
 # @@protoc_insertion_point(module_scope)

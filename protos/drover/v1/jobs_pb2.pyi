@@ -1,4 +1,5 @@
 from drover.v1 import plan_pb2 as _plan_pb2
+from drover.v1 import state_pb2 as _state_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -31,7 +32,7 @@ class Job(_message.Message):
     CREATED_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
     id: str
-    state: str
+    state: _state_pb2.JobState
     model_name: str
     steps: int
     seed: int
@@ -41,7 +42,7 @@ class Job(_message.Message):
     detail: str
     created: float
     out_dir: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
