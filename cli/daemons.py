@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from drover.control_plane.detector import SETTINGS, DetectorSettings
+
 from .options import control_plane_option
 
 DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
@@ -63,14 +65,31 @@ def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
+def detector_options(command):
+    """One option per detection setting, e.g. --healthy-below or $DROVER_HEALTHY_BELOW;
+    the defaults are DetectorSettings' (Malleus's values)."""
+    for setting in reversed(SETTINGS):
+        command = click.option(f"--{setting.name.replace('_', '-')}", setting.name, type=type(setting.default),
+                               default=setting.default, show_default=True, envvar=f"DROVER_{setting.name.upper()}",
+                               help=setting.metadata["help"])(command)
+    return command
+
+
 @click.command()
-@click.option("--db", default="drover.db", show_default=True, help="SQLite file, or any SQLAlchemy URL.")
-@click.option("--listen", default="127.0.0.1:50051", show_default=True, help="Address to serve gRPC on.")
-def server(db: str, listen: str) -> None:
-    """Run the control plane."""
+@click.option("--db", default="drover.db", show_default=True, envvar="DROVER_DB",
+              help="SQLite file, or any SQLAlchemy URL.")
+@click.option("--listen", default="127.0.0.1:50051", show_default=True, envvar="DROVER_LISTEN",
+              help="Address to serve gRPC on.")
+@detector_options
+def server(db: str, listen: str, **settings) -> None:
+    """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
     from drover.control_plane.api import serve
+    try:
+        detector = DetectorSettings(**settings)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     _log_to_stderr()
-    run_until_stopped(serve(db, listen))
+    run_until_stopped(serve(db, listen, detector=detector))
 
 
 @click.command()

@@ -230,9 +230,9 @@ async def stop_server(server: grpc.aio.Server, cp: ControlPlane) -> None:
     await cp.close()
 
 
-async def serve(db: str, address: str) -> None:
-    """Run until cancelled."""
-    server, cp, _ = await start_server(db, address)
+async def serve(db: str, address: str, **options) -> None:
+    """Run until cancelled; `options` go to ControlPlane."""
+    server, cp, _ = await start_server(db, address, **options)
     try:
         await server.wait_for_termination()
     finally:

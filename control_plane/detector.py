@@ -22,19 +22,25 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
 class DetectorSettings:
     """Malleus's values as defaults; `drover server` flags and DROVER_* variables set them."""
-    window: int = 4  # steps a judgement looks back on
-    healthy_below: float = 1.2  # a device must reach this ratio to become slow
-    recovered_below: float = 1.1  # ... and fall below this median to be healthy again
-    replan_delta: float = 0.3  # a rate must move this far from the planned one to replan
-    cooldown_steps: int = 4  # steps after a commit before the new plan is judged
-    min_gain: float = 0.05  # a new plan must predict a step at least this much faster
-    slow_link_factor: float = 3.0  # waits this many times the median mark a slow link
+    window: int = field(default=4, metadata={"help": "Steps a device is judged over."})
+    healthy_below: float = field(default=1.2, metadata={
+        "help": "A device becomes a straggler when all but one step of its window are this much slower "
+                "than the job's lower median."})
+    recovered_below: float = field(default=1.1, metadata={
+        "help": "A straggler is healthy again when its window's median falls below this."})
+    replan_delta: float = field(default=0.3, metadata={
+        "help": "A rate must move this far from what the current plan assumed to consider a new plan."})
+    cooldown_steps: int = field(default=4, metadata={"help": "Steps a new plan runs before it is judged."})
+    min_gain: float = field(default=0.05, metadata={
+        "help": "A new plan must predict a step at least this fraction faster (and repay its migration)."})
+    slow_link_factor: float = field(default=3.0, metadata={
+        "help": "Point-to-point waits this many times the median mark a slow link."})
 
     def __post_init__(self):
         checks = [("window", self.window >= 2, "an integer >= 2"),
@@ -48,6 +54,9 @@ class DetectorSettings:
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"detector setting {name} = {getattr(self, name)!r}: {allowed}")
+
+
+SETTINGS = fields(DetectorSettings)
 
 
 class Detector:

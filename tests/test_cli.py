@@ -167,3 +167,15 @@ def test_up_summary_without_a_straggler_gives_no_reason(tmp_path):
     write_up_output(tmp_path, STARTED)
     text = summary(tmp_path, JOB_DONE, [])
     assert "no new plan" not in text and "while slow" not in text
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["--min-gain", "2"], {}, "min_gain = 2.0"),
+    ([], {"DROVER_WINDOW": "1"}, "window = 1"),
+    (["--recovered-below", "1.5"], {}, "recovered_below = 1.5"),
+])
+def test_server_refuses_bad_detection_settings_from_flags_and_environment(args, env, fragment, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = run_cli("server", "--db", ":memory:", *args)
+    assert out.returncode == 2 and fragment in out.stderr, out.stderr
