@@ -12,6 +12,9 @@ import grpc
 
 from drover.control_plane.api import start_server, stop_server
 from drover.control_plane.controller import ControlPlane
+from drover.planner.cluster import cluster_from_dict
+from drover.planner.model import model_from_dict
+from drover.planner.plan import plan_from_dict
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +98,7 @@ async def _until_quiet(stream, quiet_s: float = 0.3):
     while True:
         try:
             yield await asyncio.wait_for(iterator.__anext__(), quiet_s)
-        except (asyncio.TimeoutError, StopAsyncIteration):
+        except (TimeoutError, StopAsyncIteration):
             stream.cancel()
             return
 
@@ -110,3 +113,69 @@ async def serve_plane(tmp: Path, **options):
         await channel.close()
         await stop_server(server, cp)
     return plane, stop
+
+
+# -- plans over local/0..3 for the tiny model (4 blocks, 8 micro-batches) -----------------
+
+def local_plan(*pipelines, removed=()):
+    """local_plan((micro_batches, [([device indices], (start, end)), ...]), ...) for local devices."""
+    return plan_from_dict({
+        "strategy": "test", "global_batch": 16, "micro_batch": 2, "removed": [f"local/{d}" for d in removed],
+        "pipelines": [{"micro_batches": m, "stages": [{"devices": [f"local/{d}" for d in devices], "layers": list(span)}
+                                                      for devices, span in stages]}
+                      for m, stages in pipelines]})
+
+
+DP2_PP2 = local_plan((4, [([0], (0, 2)), ([1], (2, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
+UNEVEN = local_plan((5, [([0], (0, 1)), ([1], (1, 4))]), (3, [([2], (0, 3)), ([3], (3, 4))]))
+TP2 = local_plan((8, [([0, 1], (0, 2)), ([2, 3], (2, 4))]))
+MIXED_TP = local_plan((5, [([0, 1], (0, 3)), ([2], (3, 4))]), (3, [([3], (0, 4))]))
+# local/2 removed, then local/3 removed while local/2 returns, then three pipelines.
+SHRINK = local_plan((8, [([0, 1], (0, 3)), ([3], (3, 4))]), removed=[2])
+REJOIN = local_plan((3, [([2], (0, 4))]), (5, [([1], (0, 1)), ([0], (1, 4))]), removed=[3])
+THREE = local_plan((2, [([0], (0, 4))]), (3, [([1], (0, 4))]), (3, [([2, 3], (0, 4))]))
+
+
+# -- clusters and models with named variants ------------------------------------------
+
+A100 = {"name": "A100-80G", "tflops": 312, "memory_gib": 80}
+NICS = {
+    "infiniband": [{"type": "infiniband", "gbps": 200, "count": 8}],
+    "roce": [{"type": "roce", "gbps": 200, "count": 8}],
+    "ethernet": [],
+}
+
+# name -> (node count, per-node NIC kinds cycled, rates)
+CLUSTER_VARIANTS = {
+    "healthy": (4, ["infiniband"], {}),
+    "one-straggler": (4, ["infiniband"], {"n1/3": 3.0}),
+    "hopeless-straggler": (4, ["infiniband"], {"n2/0": 12.0}),
+    "failed": (4, ["infiniband"], {"n0/5": "inf"}),
+    "slow-node": (4, ["infiniband"], {f"n3/{j}": 2.0 for j in range(8)}),
+    "ib-roce": (4, ["infiniband", "roce"], {}),
+    "ib-ethernet": (4, ["infiniband", "ethernet"], {}),
+}
+
+MODEL_VARIANTS = {
+    "gpt-7b": dict(layers=32, hidden=4096, ffn_hidden=16384, heads=32, seq_len=4096, vocab=32000,
+                   global_batch=256, micro_batch=1),
+    "gpt-1b": dict(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=32000, global_batch=128, micro_batch=2),
+    # two key/value heads: rule 6 allows TP of 1 or 2 only
+    "llama-gqa": dict(family="llama", layers=32, hidden=4096, heads=32, kv_heads=2, seq_len=4096, vocab=128256,
+                      global_batch=256, micro_batch=1),
+}
+
+
+def make_cluster(variant: str = "healthy", **rates):
+    nodes, kinds, variant_rates = CLUSTER_VARIANTS[variant]
+    data = {
+        "name": variant,
+        "defaults": {"gpus": 8, "gpu": A100, "intra_gbps": 2400, "ethernet_gbps": 100, "nics": NICS["infiniband"]},
+        "nodes": [{"name": f"n{i}", "nics": NICS[kinds[i % len(kinds)]]} for i in range(nodes)],
+        "rates": {**variant_rates, **{k.replace("_", "/"): v for k, v in rates.items()}},
+    }
+    return cluster_from_dict(data, variant)
+
+
+def make_model(variant: str = "gpt-7b", **overrides):
+    return model_from_dict({"name": variant, **MODEL_VARIANTS[variant], **overrides}, variant)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from conftest import CLUSTER_VARIANTS, make_cluster, make_model
+from support import CLUSTER_VARIANTS, make_cluster, make_model
 from drover.planner.assignment import assign_micro_batches
 from drover.planner.cost import evaluate, validate
 from drover.planner.errors import PlanError

@@ -10,33 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT
+from support import DP2_PP2, MIXED_TP, REJOIN, ROOT, SHRINK, THREE, TP2, UNEVEN, local_plan
 from drover.planner.errors import PlanError
 from drover.planner.model import load_model
-from drover.planner.plan import plan_from_dict
 from drover.agent.runtime.launch import check_plan, train_reference, train_workers
 
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
 STEPS, SEED = 5, 3
-
-
-def plan(*pipelines, removed=()):
-    """plan((micro_batches, [([device indices], (start, end)), ...]), ...) for local devices."""
-    return plan_from_dict({
-        "strategy": "test", "global_batch": 16, "micro_batch": 2, "removed": [f"local/{d}" for d in removed],
-        "pipelines": [{"micro_batches": m, "stages": [{"devices": [f"local/{d}" for d in devices], "layers": list(span)}
-                                                      for devices, span in stages]}
-                      for m, stages in pipelines]})
-
-
-DP2_PP2 = plan((4, [([0], (0, 2)), ([1], (2, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
-UNEVEN = plan((5, [([0], (0, 1)), ([1], (1, 4))]), (3, [([2], (0, 3)), ([3], (3, 4))]))
-TP2 = plan((8, [([0, 1], (0, 2)), ([2, 3], (2, 4))]))
-MIXED_TP = plan((5, [([0, 1], (0, 3)), ([2], (3, 4))]), (3, [([3], (0, 4))]))
-# local/2 removed, then local/3 removed while local/2 returns, then three pipelines.
-SHRINK = plan((8, [([0, 1], (0, 3)), ([3], (3, 4))]), removed=[2])
-REJOIN = plan((3, [([2], (0, 4))]), (5, [([1], (0, 1)), ([0], (1, 4))]), removed=[3])
-THREE = plan((2, [([0], (0, 4))]), (3, [([1], (0, 4))]), (3, [([2, 3], (0, 4))]))
 
 
 @pytest.fixture(scope="module")
@@ -111,12 +91,12 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
 
 
 @pytest.mark.parametrize("bad, rule", [
-    (plan((8, [([0], (0, 4))]), (0, [([1], (0, 4))]), removed=[2, 3]), "micro-batches-below-one"),
-    (plan((7, [([0], (0, 4))]), removed=[1, 2, 3]), "micro-batches-do-not-sum"),
-    (plan((8, [([0], (0, 3))]), removed=[1, 2, 3]), "layer-gap"),
-    (plan((8, [([0], (0, 4))]), removed=[1, 2, 3, 7]), "unknown-device"),
-    (plan((8, [([0], (0, 4))]), removed=[1, 2]), "device-neither-used-nor-removed"),
-    (plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-does-not-divide-heads"),
+    (local_plan((8, [([0], (0, 4))]), (0, [([1], (0, 4))]), removed=[2, 3]), "micro-batches-below-one"),
+    (local_plan((7, [([0], (0, 4))]), removed=[1, 2, 3]), "micro-batches-do-not-sum"),
+    (local_plan((8, [([0], (0, 3))]), removed=[1, 2, 3]), "layer-gap"),
+    (local_plan((8, [([0], (0, 4))]), removed=[1, 2, 3, 7]), "unknown-device"),
+    (local_plan((8, [([0], (0, 4))]), removed=[1, 2]), "device-neither-used-nor-removed"),
+    (local_plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-does-not-divide-heads"),
 ])
 def test_bad_plans_refused_before_workers_start(bad, rule, spec, tmp_path):
     with pytest.raises(PlanError) as info:

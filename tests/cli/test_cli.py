@@ -18,7 +18,7 @@ from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
 from drover.v1 import jobs_pb2, state_pb2
 
-from conftest import ROOT
+from support import ROOT
 
 CLUSTER = ROOT / "examples" / "clusters" / "a100-64-stragglers.yaml"
 MODEL = ROOT / "examples" / "models" / "gpt-7b.yaml"

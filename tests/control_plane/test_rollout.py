@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from drover.control_plane import controller
 from drover.v1 import jobs_pb2
+
 from support import eventually
 
 HEALTHY_S, SLOW_S = 0.01, 0.03  # compute per block: node-1/0 is 3x slow

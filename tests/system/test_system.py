@@ -17,7 +17,9 @@ from drover.cli.local_cluster import DROVER, LocalCluster
 from drover.control_plane.jobfile import load_job
 from drover.v1 import jobs_pb2, state_pb2
 
-from conftest import ROOT
+from support import ROOT
+
+pytestmark = pytest.mark.slow  # processes: a control plane, agents and gloo workers
 
 TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 

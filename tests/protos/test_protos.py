@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from drover.planner.plan import load_plan
 from drover.planner.wire import plan_from_proto, plan_to_proto
 from google.protobuf import json_format
@@ -40,7 +40,7 @@ def test_plan_json_is_the_spec_format(spec_examples):
 
 
 def test_predicted_survives_the_round_trip():
-    from conftest import make_cluster, make_model
+    from support import make_cluster, make_model
     from drover.planner.search import make_plan
     plan = make_plan(make_cluster("one-straggler"), make_model("gpt-1b"))
     back = plan_from_proto(plan_to_proto(plan))

@@ -7,8 +7,17 @@ from dataclasses import replace
 import pytest
 
 from drover.control_plane.coordinator import (
-    AnnounceSlowLink, AnnounceStraggler, Commit, JobState, Observation, Proposal, ProposePlan, PushPlan, SkipPlan,
-    decide)
+    AnnounceSlowLink,
+    AnnounceStraggler,
+    Commit,
+    JobState,
+    Observation,
+    Proposal,
+    ProposePlan,
+    PushPlan,
+    SkipPlan,
+    decide,
+)
 from drover.control_plane.detector import DetectorSettings
 
 SETTINGS = DetectorSettings(cooldown_steps=4, replan_delta=0.3, min_gain=0.05)

@@ -10,56 +10,14 @@ import time
 
 import grpc
 import pytest
-import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import ROOT
-from drover.control_plane.api import start_server, stop_server
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
 from drover.storage.models import TelemetrySample
+from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
-JOB = (ROOT / "examples" / "jobs" / "tiny.yaml").read_text()
-BASE = str(ROOT / "examples" / "jobs")
-
-
-@pytest_asyncio.fixture
-async def plane(tmp_path):
-    server, cp, port = await start_server(str(tmp_path / "drover.db"), "127.0.0.1:0")
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    yield cp, jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel), channel, tmp_path
-    await channel.close()
-    await stop_server(server, cp)
-
-
-class ScriptedAgent:
-    """An agent stream driven by the test: what it sends, and what comes back."""
-
-    def __init__(self, stub, node: str, devices: int = 2):
-        self.outbox: asyncio.Queue = asyncio.Queue()
-        self.outbox.put_nowait(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
-            node=node, agent_version="test",
-            devices=[agent_pb2.Device(id=f"{node}/{i}", kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
-                     for i in range(devices)])))
-
-        async def requests():
-            while True:
-                yield await self.outbox.get()
-        self.call = stub.Connect(requests())
-
-    def send(self, **body) -> None:
-        self.outbox.put_nowait(agent_pb2.AgentMessage(**body))
-
-    async def receive(self) -> agent_pb2.ControlMessage:
-        return await asyncio.wait_for(self.call.read(), 10)
-
-
-async def connected(jobs, count: int) -> None:
-    for _ in range(100):
-        nodes = await jobs.ListNodes(jobs_pb2.ListNodesRequest())
-        if sum(n.connected for n in nodes.nodes) >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("agents did not connect")
+from support import JOBS_DIR as BASE
+from support import TINY_JOB as JOB
+from support import cpu_device
 
 
 async def code_of(call) -> grpc.StatusCode:
@@ -69,16 +27,16 @@ async def code_of(call) -> grpc.StatusCode:
 
 
 async def test_health_and_reflection(plane):
-    *_, channel, _ = plane
+    channel = plane.channel
     health = health_pb2_grpc.HealthStub(channel)
     reply = await health.Check(health_pb2.HealthCheckRequest(service="drover.v1.JobService"))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
-    cp, jobs, agents, _, tmp = plane
-    agent = ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    jobs, tmp = plane.jobs, plane.tmp
+    agent = plane.agent("node-0")
+    await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "out")))
     start = (await agent.receive()).start_job
     assert start.job_id == job.id and start.world_size == 2 and dict(start.ranks) == {"node-0/0": 0, "node-0/1": 1}
@@ -104,16 +62,16 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
     ("model: [unclosed\n", "valid YAML"),
 ])
 async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
-    cp, jobs, agents, _, tmp = plane
-    ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    jobs = plane.jobs
+    plane.agent("node-0")
+    await plane.connected(1)
     code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=yaml_text, base_dir=BASE)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in details
     assert (await jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
 
 
 async def test_unknown_ids_are_not_found(plane):
-    _, jobs, *_ = plane
+    jobs = plane.jobs
     for call in (jobs.GetJob(jobs_pb2.GetJobRequest(job_id="nope")),
                  jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id="nope")),
                  jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id="nope")),
@@ -126,11 +84,11 @@ async def test_unknown_ids_are_not_found(plane):
 
 
 async def test_preconditions_and_bad_values(plane):
-    _, jobs, agents, *_ = plane
+    jobs, _agents = plane.jobs, plane.agents
     code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "agents" in details
-    ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    plane.agent("node-0")
+    await plane.connected(1)
     code, details = await code_of(jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=0.5)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "rate" in details
 
@@ -143,9 +101,9 @@ async def test_preconditions_and_bad_values(plane):
     (dict(compute_s_per_block=0.1, step=-4), "step"),
 ])
 async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
-    cp, jobs, agents, _, tmp = plane
-    agent = ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    jobs, tmp = plane.jobs, plane.tmp
+    agent = plane.agent("node-0")
+    await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
     await agent.receive()
     agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=1, devices=[
@@ -158,19 +116,15 @@ async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING  # server carries on
 
 
-def _device(device_id: str) -> agent_pb2.Device:
-    return agent_pb2.Device(id=device_id, kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
-
-
 @pytest.mark.parametrize("hello, fragment", [
-    (agent_pb2.Hello(node="rack/1", devices=[_device("rack/1/0")]), "hello.node"),
-    (agent_pb2.Hello(node="node-9", devices=[_device("node-8/0")]), "hello.devices.id"),
-    (agent_pb2.Hello(node="node-9", devices=[_device("node-9/0"), _device("node-9/0")]), "more than once"),
-    (agent_pb2.Hello(node="node-9", devices=[_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2),
+    (agent_pb2.Hello(node="rack/1", devices=[cpu_device("rack/1/0")]), "hello.node"),
+    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-8/0")]), "hello.devices.id"),
+    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0"), cpu_device("node-9/0")]), "more than once"),
+    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2),
      "hello.nics.name"),
 ])
 async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
-    cp, jobs, agents, _, tmp = plane
+    jobs, agents = plane.jobs, plane.agents
     outbox: asyncio.Queue = asyncio.Queue()
     outbox.put_nowait(agent_pb2.AgentMessage(hello=hello))
 
@@ -181,15 +135,15 @@ async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await asyncio.wait_for(call.read(), 10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
-    ScriptedAgent(agents, "node-0")  # the server carries on, and kept nothing of the bad hello
-    await connected(jobs, 1)
+    plane.agent("node-0")  # the server carries on, and kept nothing of the bad hello
+    await plane.connected(1)
     assert [n.name for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes] == ["node-0"]
 
 
 async def test_wrong_generation_rejected(plane):
-    cp, jobs, agents, _, tmp = plane
-    agent = ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    jobs, tmp = plane.jobs, plane.tmp
+    agent = plane.agent("node-0")
+    await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
     await agent.receive()
     agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=7))
@@ -200,42 +154,35 @@ async def test_wrong_generation_rejected(plane):
 
 
 async def test_cancel_twice_is_failed_precondition(plane):
-    cp, jobs, agents, _, tmp = plane
-    agent = ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    jobs, tmp = plane.jobs, plane.tmp
+    plane.agent("node-0")
+    await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
     assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_CANCELLED
     code, _ = await code_of(jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def test_device_that_stops_reporting_fails_the_job(tmp_path):
-    server, cp, port = await start_server(str(tmp_path / "drover.db"), "127.0.0.1:0", device_silence_s=1.0)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    jobs, agents = jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel)
-    try:
-        agent = ScriptedAgent(agents, "node-0")
-        await connected(jobs, 1)
-        job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp_path / "o")))
-        await agent.receive()
-        for step in range(12):  # node-0/1 falls silent after step 2; node-0/0 goes on
-            devices = ["node-0/0"] + (["node-0/1"] if step < 3 else [])
-            agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=1, devices=[
-                agent_pb2.DeviceSample(device=d, step=step, compute_s_per_block=0.01) for d in devices]))
-            await asyncio.sleep(0.25)
-        final = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
-        assert final.state == state_pb2.JOB_STATE_FAILED and "node-0/1" in final.detail
-        kinds = [e.kind async for e in jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
-        assert "device_lost" in kinds
-    finally:
-        await channel.close()
-        await stop_server(server, cp)
+async def test_device_that_stops_reporting_fails_the_job(plane_factory):
+    plane = await plane_factory(device_silence_s=1.0)
+    jobs = plane.jobs
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await agent.receive()
+    for step in range(12):  # node-0/1 falls silent after step 2; node-0/0 goes on
+        agent.report(job.id, step, {"node-0/0": 0.01, **({"node-0/1": 0.01} if step < 3 else {})})
+        await asyncio.sleep(0.25)
+    final = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+    assert final.state == state_pb2.JOB_STATE_FAILED and "node-0/1" in final.detail
+    kinds = [e.kind async for e in jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
+    assert "device_lost" in kinds
 
 
 async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, monkeypatch):
-    cp, jobs, agents, _, tmp = plane
-    agent = ScriptedAgent(agents, "node-0")
-    await connected(jobs, 1)
+    cp, jobs, tmp = plane.cp, plane.jobs, plane.tmp
+    agent = plane.agent("node-0")
+    await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
     await agent.receive()
     write, failures = cp.store._insert_and_trim, []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from test_runtime import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN
+from support import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN, local_plan
 from drover.agent.runtime import layout
 from drover.agent.runtime.model import EMBED, HEAD, GPT, GPTConfig, build_part
 from drover.agent.runtime import data
@@ -42,8 +42,7 @@ def test_switch_moves_only_what_changes_owner():
 
 
 def layout_plan_shift():
-    from test_runtime import plan
-    return plan((4, [([0], (0, 1)), ([1], (1, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
+    return local_plan((4, [([0], (0, 1)), ([1], (1, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
 
 
 def test_tp_change_takes_every_old_shard_or_its_own():

@@ -2,7 +2,6 @@
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,8 @@ from drover.planner.model import load_model, model_from_dict
 from drover.planner.search import make_plan
 from drover.planner.simulate import Events, NodeJoin, RateChange, events_from_dict, load_events, simulate
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 STEPS = 200
 RESTART_S = 300.0
 
