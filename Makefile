@@ -9,6 +9,8 @@ run: $(VENV)/.installed
 	$(BIN)/drover up --nodes 2 --devices-per-node 2 --job examples/jobs/tiny.yaml --straggle node-1/0=3@10 --out out/up
 
 test: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import grpc
 
-from drover.v1 import agent_pb2, agent_pb2_grpc
-
 from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
+from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
@@ -31,8 +30,14 @@ HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least t
 
 
 class Agent:
-    def __init__(self, control_plane: str, node: str, cpu_devices: int = 0, interval_s: float = 0.5,
-                 work_dir: str = ".drover-agent"):
+    def __init__(
+        self,
+        control_plane: str,
+        node: str,
+        cpu_devices: int = 0,
+        interval_s: float = 0.5,
+        work_dir: str = ".drover-agent",
+    ):
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         self.devices = discovery.devices(node, cpu_devices)
         self.nics = discovery.nics()
@@ -69,6 +74,7 @@ class Agent:
             async def requests():
                 while True:
                     yield await outbox.get()
+
             call = stub.Connect(requests())
             ticker = asyncio.create_task(self._tick_forever(outbox))
             try:
@@ -80,16 +86,25 @@ class Agent:
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
-            node=self.node, agent_version=AGENT_VERSION,
-            devices=[agent_pb2.Device(id=d.id, kind=d.kind, name=d.name, memory_gib=d.memory_gib, tflops=d.tflops)
-                     for d in self.devices],
+            node=self.node,
+            agent_version=AGENT_VERSION,
+            devices=[
+                agent_pb2.Device(id=d.id, kind=d.kind, name=d.name, memory_gib=d.memory_gib, tflops=d.tflops)
+                for d in self.devices
+            ],
             nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps) for n in self.nics],
-            jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()])  # ended ones too: level-triggered
+            jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()],
+        )  # ended ones too: level-triggered
 
     def _status(self, job_id: str, workers: JobWorkers) -> agent_pb2.JobStatus:
         state, detail = workers.state()
-        return agent_pb2.JobStatus(job_id=job_id, state=job_state(state), step=max(workers.step, 0),
-                                   active_plan_version=workers.active_version, detail=detail)
+        return agent_pb2.JobStatus(
+            job_id=job_id,
+            state=job_state(state),
+            step=max(workers.step, 0),
+            active_plan_version=workers.active_version,
+            detail=detail,
+        )
 
     # -- what comes down -------------------------------------------------------------
 
@@ -100,9 +115,18 @@ class Agent:
             if start.job_id in self.jobs:
                 return  # already running it: the reconnect resend of desired state
             self.jobs[start.job_id] = JobWorkers(
-                start.job_id, json.loads(start.model_yaml), start.steps, start.seed, start.world_size,
-                dict(start.ranks), f"tcp://{start.master_addr}:{start.master_port}",
-                plan_from_proto(start.plan, "start_job.plan"), start.out_dir, self.node, self.work_dir)
+                start.job_id,
+                json.loads(start.model_yaml),
+                start.steps,
+                start.seed,
+                start.world_size,
+                dict(start.ranks),
+                f"tcp://{start.master_addr}:{start.master_port}",
+                plan_from_proto(start.plan, "start_job.plan"),
+                start.out_dir,
+                self.node,
+                self.work_dir,
+            )
             log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
         elif kind == "plan":
             workers = self.jobs.get(message.plan.job_id)
@@ -132,20 +156,41 @@ class Agent:
         for job_id, workers in list(self.jobs.items()):
             if job_id in self._reported:
                 continue
-            samples = [agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
-                device=row["device"], step=row["step"],
-                compute_s_per_block=row["compute_s_per_block"] or 0.0,
-                p2p_wait_s=row["p2p_wait_s"], grad_sync_s=row["grad_sync_s"])
-                for row in workers.new_telemetry()]
-            migrations = [agent_pb2.Migration(step=m["step"], plan_version=m["plan_version"], bytes_moved=m["bytes_moved"],
-                                              blocks_moved=m["blocks_moved"], seconds=m["seconds"])
-                          for m in workers.new_migrations()]
+            samples = [
+                agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
+                    device=row["device"],
+                    step=row["step"],
+                    compute_s_per_block=row["compute_s_per_block"] or 0.0,
+                    p2p_wait_s=row["p2p_wait_s"],
+                    grad_sync_s=row["grad_sync_s"],
+                )
+                for row in workers.new_telemetry()
+            ]
+            migrations = [
+                agent_pb2.Migration(
+                    step=m["step"],
+                    plan_version=m["plan_version"],
+                    bytes_moved=m["bytes_moved"],
+                    blocks_moved=m["blocks_moved"],
+                    seconds=m["seconds"],
+                )
+                for m in workers.new_migrations()
+            ]
             now = time.time()
             if samples or migrations or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
                 self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
-                out.append(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
-                    time=now, job_id=job_id, active_plan_version=workers.active_version,
-                    devices=samples, nics=nics, migrations=migrations)))
+                out.append(
+                    agent_pb2.AgentMessage(
+                        telemetry=agent_pb2.Telemetry(
+                            time=now,
+                            job_id=job_id,
+                            active_plan_version=workers.active_version,
+                            devices=samples,
+                            nics=nics,
+                            migrations=migrations,
+                        )
+                    )
+                )
             if workers.state()[0] != "running":  # the end, once per stream
                 out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
                 self._reported.add(job_id)
@@ -159,8 +204,11 @@ class Agent:
             if nic.name in self._nic_counters:
                 then, tx0, rx0 = self._nic_counters[nic.name]
                 dt = max(now - then, 1e-6)
-                out.append(agent_pb2.NicSample(nic=nic.name, tx_bytes_per_s=max(0, tx - tx0) / dt,
-                                               rx_bytes_per_s=max(0, rx - rx0) / dt))
+                out.append(
+                    agent_pb2.NicSample(
+                        nic=nic.name, tx_bytes_per_s=max(0, tx - tx0) / dt, rx_bytes_per_s=max(0, rx - rx0) / dt
+                    )
+                )
             self._nic_counters[nic.name] = (now, tx, rx)
         return out
 

@@ -35,6 +35,7 @@ def devices(node: str, cpu_devices: int = 0) -> list[DeviceInfo]:
         return [DeviceInfo(f"{node}/{i}", "cpu", "cpu", round(memory, 2), CPU_TFLOPS) for i in range(cpu_devices)]
     try:
         import pynvml  # nvidia-ml-py, optional
+
         pynvml.nvmlInit()
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -46,9 +47,17 @@ def devices(node: str, cpu_devices: int = 0) -> list[DeviceInfo]:
     except Exception:  # noqa: BLE001 - no NVML: fall back to torch
         pass
     import torch
-    return [DeviceInfo(f"{node}/{i}", "cuda", torch.cuda.get_device_name(i),
-                       torch.cuda.get_device_properties(i).total_memory / 2**30, 0.0)
-            for i in range(torch.cuda.device_count())]
+
+    return [
+        DeviceInfo(
+            f"{node}/{i}",
+            "cuda",
+            torch.cuda.get_device_name(i),
+            torch.cuda.get_device_properties(i).total_memory / 2**30,
+            0.0,
+        )
+        for i in range(torch.cuda.device_count())
+    ]
 
 
 def nics(sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB) -> list[NicInfo]:
@@ -63,8 +72,11 @@ def nics(sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB) -> list[NicInfo]:
             continue
         kind = "infiniband" if _read(path / "type") == "32" else "roce" if path.name in roce_netdevs else "ethernet"
         speed = _read(path / "speed")
-        out.append(NicInfo(path.name, kind, int(speed) / 1000 if speed and speed.lstrip("-").isdigit()
-                           and int(speed) > 0 else 0.0))
+        out.append(
+            NicInfo(
+                path.name, kind, int(speed) / 1000 if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else 0.0
+            )
+        )
     return out
 
 

@@ -22,8 +22,20 @@ def write_atomically(path: Path, data: dict) -> None:
 
 
 class JobWorkers:
-    def __init__(self, job_id: str, model: dict, steps: int, seed: int, world: int, ranks: dict[str, int],
-                 master: str, plan: Plan, out_dir: str, node: str, inbox_root: Path):
+    def __init__(
+        self,
+        job_id: str,
+        model: dict,
+        steps: int,
+        seed: int,
+        world: int,
+        ranks: dict[str, int],
+        master: str,
+        plan: Plan,
+        out_dir: str,
+        node: str,
+        inbox_root: Path,
+    ):
         self.job_id, self.out_dir, self.node = job_id, Path(out_dir), node
         self.inbox = inbox_root / job_id
         self.inbox.mkdir(parents=True, exist_ok=True)
@@ -37,8 +49,18 @@ class JobWorkers:
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir
-            args = WorkerArgs(rank, world, master, spec, seed, steps, [(0, plan)], str(self.out_dir),
-                              ranks=ranks, inbox=str(self.inbox))
+            args = WorkerArgs(
+                rank,
+                world,
+                master,
+                spec,
+                seed,
+                steps,
+                [(0, plan)],
+                str(self.out_dir),
+                ranks=ranks,
+                inbox=str(self.inbox),
+            )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
             proc.start()
             self.procs[device] = proc
@@ -76,7 +98,7 @@ class JobWorkers:
                 text = f.read()
         except OSError:
             return []
-        complete = text[:text.rfind("\n") + 1]
+        complete = text[: text.rfind("\n") + 1]
         self._offsets[path] = self._offsets.get(path, 0) + len(complete.encode())
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 

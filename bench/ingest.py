@@ -27,10 +27,10 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from drover.planner.ports import free_port
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DEVICES = 8
 CHANNELS = 20  # streams spread over several HTTP/2 connections, as separate agents would be
@@ -51,9 +51,18 @@ def rss_mib(pid: int) -> float:
 async def agent(stub, index: int, seconds: float, sent: list[int], start_gate: asyncio.Event) -> None:
     node = f"emu-{index}"
     queue: asyncio.Queue = asyncio.Queue()
-    queue.put_nowait(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent_version="bench", devices=[
-        agent_pb2.Device(id=f"{node}/{i}", kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
-        for i in range(DEVICES)])))
+    queue.put_nowait(
+        agent_pb2.AgentMessage(
+            hello=agent_pb2.Hello(
+                node=node,
+                agent_version="bench",
+                devices=[
+                    agent_pb2.Device(id=f"{node}/{i}", kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
+                    for i in range(DEVICES)
+                ],
+            )
+        )
+    )
 
     async def requests():
         while True:
@@ -61,6 +70,7 @@ async def agent(stub, index: int, seconds: float, sent: list[int], start_gate: a
             if message is None:
                 return
             yield message
+
     call = stub.Connect(requests())
     reader = asyncio.create_task(_drain(call))
     await start_gate.wait()
@@ -68,10 +78,18 @@ async def agent(stub, index: int, seconds: float, sent: list[int], start_gate: a
     end = time.time() + seconds
     step = 0
     while time.time() < end:
-        queue.put_nowait(agent_pb2.AgentMessage(telemetry=agent_pb2.Telemetry(
-            time=time.time(), job_id="", devices=[
-                agent_pb2.DeviceSample(device=f"{node}/{i}", step=step, compute_s_per_block=0.01 + 0.001 * i)
-                for i in range(DEVICES)])))
+        queue.put_nowait(
+            agent_pb2.AgentMessage(
+                telemetry=agent_pb2.Telemetry(
+                    time=time.time(),
+                    job_id="",
+                    devices=[
+                        agent_pb2.DeviceSample(device=f"{node}/{i}", step=step, compute_s_per_block=0.01 + 0.001 * i)
+                        for i in range(DEVICES)
+                    ],
+                )
+            )
+        )
         sent[0] += 1
         step += 1
         await asyncio.sleep(1.0)
@@ -103,16 +121,20 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "ingest.db"
         address = f"127.0.0.1:{free_port()}"
-        server = subprocess.Popen([sys.executable, "-m", "drover.cli", "server", "--db", str(db), "--listen",
-                                   address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "drover.cli", "server", "--db", str(db), "--listen", address],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
             for ch in channels:
                 await asyncio.wait_for(ch.channel_ready(), 30)
             stubs = [agent_pb2_grpc.AgentServiceStub(ch) for ch in channels]
             sent, gate = [0], asyncio.Event()
-            tasks = [asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate))
-                     for i in range(args.agents)]
+            tasks = [
+                asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate)) for i in range(args.agents)
+            ]
             jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
             hello_start = time.time()
             while sum(n.connected for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes) < args.agents:
@@ -139,15 +161,24 @@ async def main_async(args) -> dict:
             server.wait(timeout=30)
     lags.sort()
     return {
-        "agents": args.agents, "devices_per_agent": DEVICES, "seconds": args.seconds,
+        "agents": args.agents,
+        "devices_per_agent": DEVICES,
+        "seconds": args.seconds,
         "seconds_until_every_agent_registered": hellos_s,
-        "messages_sent": sent[0], "samples_sent": sent[0] * DEVICES, "samples_stored": stored,
+        "messages_sent": sent[0],
+        "samples_sent": sent[0] * DEVICES,
+        "samples_stored": stored,
         "lost": sent[0] * DEVICES - stored,
-        "sustained_messages_per_s": sent[0] / elapsed, "sustained_samples_per_s": stored / elapsed,
-        "lag_s": {"p50": statistics.median(lags) if lags else None,
-                  "p99": lags[int(0.99 * (len(lags) - 1))] if lags else None, "max": lags[-1] if lags else None},
+        "sustained_messages_per_s": sent[0] / elapsed,
+        "sustained_samples_per_s": stored / elapsed,
+        "lag_s": {
+            "p50": statistics.median(lags) if lags else None,
+            "p99": lags[int(0.99 * (len(lags) - 1))] if lags else None,
+            "max": lags[-1] if lags else None,
+        },
         "target_lag_p99_below_s": 1.0,
-        "server_cpu_cores": cpu / elapsed, "server_rss_mib_max": max(rss, default=0.0),
+        "server_cpu_cores": cpu / elapsed,
+        "server_rss_mib_max": max(rss, default=0.0),
         "note": "lag is read back from the database every 100 ms, so it is an upper bound by up to 0.1 s",
     }
 

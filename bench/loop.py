@@ -86,8 +86,12 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
     steps = warm_up + window * windows
     job = write_job(tmp, "healthy", model, steps)
     out = tmp / "healthy"
-    up = subprocess.Popen(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job",
-                                    str(job), "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        DROVER
+        + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node), "--job", str(job), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the finally below resumes them
     steps_done = StepCounter(out / "trace.jsonl")
     daemons, workers, cpu = [], [], []
@@ -117,12 +121,16 @@ def telemetry_overhead(tmp: Path, model: str, devices_per_node: int, window: int
         inside = [t for t in trace if warm_up + k * window <= t["step"] < warm_up + (k + 1) * window]
         means.append(statistics.mean(t["step_time_s"] for t in inside))
         switched.append(len({t["plan_version"] for t in inside}) > 1)
-    ratios = [means[k] / statistics.mean([means[k - 1], means[k + 1]]) - 1
-              for k in range(1, windows - 1, 2) if not any(switched[k - 1:k + 2])]
+    ratios = [
+        means[k] / statistics.mean([means[k - 1], means[k + 1]]) - 1
+        for k in range(1, windows - 1, 2)
+        if not any(switched[k - 1 : k + 2])
+    ]
     return {
         "overhead": statistics.mean(ratios),
         "overhead_ci95": block_bootstrap_ci(ratios),
-        "window_pairs": len(ratios), "steps_per_window": window,
+        "window_pairs": len(ratios),
+        "steps_per_window": window,
         "plans_committed_while_measuring": len({t["plan_version"] for t in trace}) - 1,
         # All windows: what the daemons catch up on after a frozen one is spent in the next.
         "cpu_of_control_plane_and_agents_over_workers": (cpu[-1][0] - cpu[0][0]) / (cpu[-1][1] - cpu[0][1]),
@@ -152,7 +160,7 @@ class StepCounter:
                 chunk = f.read()
         except OSError:
             return self.count
-        complete = chunk[:chunk.rfind(b"\n") + 1]
+        complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
         self.count += complete.count(b"\n")
         return self.count
@@ -167,7 +175,7 @@ def block_bootstrap_ci(values: list[float], block: int = 3, rounds: int = 4000) 
         sample: list[float] = []
         while len(sample) < n:
             start = rng.randrange(n - block + 1)
-            sample += values[start:start + block]
+            sample += values[start : start + block]
         means.append(statistics.mean(sample[:n]))
     means.sort()
     return [means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]]
@@ -179,8 +187,15 @@ def worker_side_cost(tmp: Path, step_time_s: float, repeats: int = 2000) -> dict
     inbox), timed here in a loop, where the step's own noise cannot hide them."""
     inbox = tmp / "inbox"
     inbox.mkdir(exist_ok=True)
-    row = {"device": "node-0/0", "step": 1, "plan_version": 1, "compute_s_per_block": 0.01,
-           "p2p_wait_s": 0.001, "grad_sync_s": 0.002, "loss": 4.2}
+    row = {
+        "device": "node-0/0",
+        "step": 1,
+        "plan_version": 1,
+        "compute_s_per_block": 0.01,
+        "p2p_wait_s": 0.001,
+        "grad_sync_s": 0.002,
+        "loss": 4.2,
+    }
     with open(tmp / "telemetry.jsonl", "a") as f:
         started = time.perf_counter()
         for _ in range(repeats):
@@ -201,10 +216,24 @@ def write_job(tmp: Path, name: str, model: str, steps: int) -> Path:
 def run_up(tmp: Path, name: str, model: str, steps: int, devices_per_node: int, straggle: str | None = None) -> Path:
     """One `drover up` on 2 nodes with the default settings, to the end; its output folder."""
     out = tmp / name
-    subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", str(devices_per_node),
-                             "--job", str(write_job(tmp, name, model, steps)), "--out", str(out)]
-                   + (["--straggle", straggle] if straggle else []),
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        DROVER
+        + [
+            "up",
+            "--nodes",
+            "2",
+            "--devices-per-node",
+            str(devices_per_node),
+            "--job",
+            str(write_job(tmp, name, model, steps)),
+            "--out",
+            str(out),
+        ]
+        + (["--straggle", straggle] if straggle else []),
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -214,8 +243,9 @@ def straggler_run(tmp: Path, model: str, steps: int, slow_at: int, devices_per_n
     trace, events = read(out / "trace.jsonl"), read(out / "events.jsonl")
     slow_start = next(t["wall_start"] for t in trace if t["step"] == slow_at)
     detected = next((e for e in events if e["kind"] == "straggler_detected" and e["step"] >= slow_at), None)
-    committed = next((e for e in events if e["kind"] == "plan_committed" and e["plan_version"] > 1
-                      and e["step"] >= slow_at), None)
+    committed = next(
+        (e for e in events if e["kind"] == "plan_committed" and e["plan_version"] > 1 and e["step"] >= slow_at), None
+    )
     figures = {
         "steps_to_detection": detected["step"] - slow_at if detected else None,
         "steps_to_committed_plan": committed["step"] - slow_at if committed else None,
@@ -225,14 +255,23 @@ def straggler_run(tmp: Path, model: str, steps: int, slow_at: int, devices_per_n
     before = median_rate(trace, 1, slow_at)
     if committed is None:
         while_slow = median_rate(trace, slow_at, steps)
-        return {**figures, "samples_per_s": {"before": before, "while_slow": while_slow, "after": None},
-                "after_over_while": None, "no_new_plan": no_new_plan_reason(events, slow_at, trace[-1]["step"]),
-                "target_after_over_while_at_least": 1.4, "migrations": read(out / "migrations.jsonl")}
+        return {
+            **figures,
+            "samples_per_s": {"before": before, "while_slow": while_slow, "after": None},
+            "after_over_while": None,
+            "no_new_plan": no_new_plan_reason(events, slow_at, trace[-1]["step"]),
+            "target_after_over_while_at_least": 1.4,
+            "migrations": read(out / "migrations.jsonl"),
+        }
     while_slow = median_rate(trace, slow_at, committed["step"])
     after = median_rate(trace, committed["step"] + 1, steps)
-    return {**figures, "samples_per_s": {"before": before, "while_slow": while_slow, "after": after},
-            "after_over_while": after / while_slow, "target_after_over_while_at_least": 1.4,
-            "migrations": read(out / "migrations.jsonl")}
+    return {
+        **figures,
+        "samples_per_s": {"before": before, "while_slow": while_slow, "after": after},
+        "after_over_while": after / while_slow,
+        "target_after_over_while_at_least": 1.4,
+        "migrations": read(out / "migrations.jsonl"),
+    }
 
 
 def false_alarms(tmp: Path, model: str, steps: int, devices_per_node: int) -> dict:
@@ -257,28 +296,47 @@ def main() -> None:
     parser.add_argument("--model", default=str(ROOT / "examples" / "models" / "small.yaml"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow-at", type=int, default=12)
-    parser.add_argument("--healthy-steps", type=int, default=300,
-                        help="steps of the healthy run that counts false alarms")
+    parser.add_argument(
+        "--healthy-steps", type=int, default=300, help="steps of the healthy run that counts false alarms"
+    )
     parser.add_argument("--overhead-window", type=int, default=4, help="steps per window, streaming or frozen")
-    parser.add_argument("--overhead-windows", type=int, default=81,
-                        help="odd, so frozen windows surround every streaming one; single steps vary by ~10%% here")
-    parser.add_argument("--devices-per-node", type=int, default=2,
-                        help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine")
+    parser.add_argument(
+        "--overhead-windows",
+        type=int,
+        default=81,
+        help="odd, so frozen windows surround every streaming one; single steps vary by ~10%% here",
+    )
+    parser.add_argument(
+        "--devices-per-node",
+        type=int,
+        default=2,
+        help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         straggler = straggler_run(tmp, args.model, args.steps, args.slow_at, args.devices_per_node)
         healthy = false_alarms(tmp, args.model, args.healthy_steps, args.devices_per_node)
-        overhead = telemetry_overhead(tmp, args.model, args.devices_per_node, args.overhead_window,
-                                      args.overhead_windows)
-    print(json.dumps({
-        "devices": 2 * args.devices_per_node, "cores": os.cpu_count(), "model": Path(args.model).stem,
-        "straggler": "node-1/0", "rate": 3.0, "slow_from_step": args.slow_at,
-        **straggler,
-        "false_alarms": healthy,
-        "telemetry_overhead": overhead,
-        "target_telemetry_overhead_below": 0.02,
-    }, indent=1))
+        overhead = telemetry_overhead(
+            tmp, args.model, args.devices_per_node, args.overhead_window, args.overhead_windows
+        )
+    print(
+        json.dumps(
+            {
+                "devices": 2 * args.devices_per_node,
+                "cores": os.cpu_count(),
+                "model": Path(args.model).stem,
+                "straggler": "node-1/0",
+                "rate": 3.0,
+                "slow_from_step": args.slow_at,
+                **straggler,
+                "false_alarms": healthy,
+                "telemetry_overhead": overhead,
+                "target_telemetry_overhead_below": 0.02,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

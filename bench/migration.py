@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,14 +22,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from drover.agent.runtime.launch import train_workers
-from drover.planner.ports import free_port
-from drover.agent.runtime.worker import config_of
 from drover.agent.runtime.model import GPT
+from drover.agent.runtime.worker import config_of
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
+from drover.planner.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPEC = load_model(ROOT / "examples" / "models" / "bench-60m.yaml")
 SWITCH_STEP, STEPS, SEED = 2, 3, 0
@@ -38,12 +37,30 @@ SWITCH_STEP, STEPS, SEED = 2, 3, 0
 
 def two_by_two(first_split: int, second_split: int):
     """Pipeline 0 on local/0 -> local/1, pipeline 1 on local/2 -> local/3."""
-    return plan_from_dict({"strategy": "bench", "global_batch": SPEC.global_batch, "micro_batch": SPEC.micro_batch,
-                           "removed": [], "pipelines": [
-        {"micro_batches": 2, "stages": [{"devices": ["local/0"], "layers": [0, first_split]},
-                                        {"devices": ["local/1"], "layers": [first_split, SPEC.layers]}]},
-        {"micro_batches": 2, "stages": [{"devices": ["local/2"], "layers": [0, second_split]},
-                                        {"devices": ["local/3"], "layers": [second_split, SPEC.layers]}]}]})
+    return plan_from_dict(
+        {
+            "strategy": "bench",
+            "global_batch": SPEC.global_batch,
+            "micro_batch": SPEC.micro_batch,
+            "removed": [],
+            "pipelines": [
+                {
+                    "micro_batches": 2,
+                    "stages": [
+                        {"devices": ["local/0"], "layers": [0, first_split]},
+                        {"devices": ["local/1"], "layers": [first_split, SPEC.layers]},
+                    ],
+                },
+                {
+                    "micro_batches": 2,
+                    "stages": [
+                        {"devices": ["local/2"], "layers": [0, second_split]},
+                        {"devices": ["local/3"], "layers": [second_split, SPEC.layers]},
+                    ],
+                },
+            ],
+        }
+    )
 
 
 BEFORE = two_by_two(8, 8)
@@ -103,14 +120,19 @@ def main() -> None:
         live_trace = read_jsonl(tmp / "live" / "trace.jsonl")
 
         train_workers(SPEC, 4, [(0, BEFORE)], SWITCH_STEP, SEED, tmp / "stop", checkpoint_dir=tmp / "ckpt")
-        train_workers(SPEC, 4, [(0, AFTER)], STEPS, SEED, tmp / "restart", start_step=SWITCH_STEP,
-                      resume_dir=tmp / "ckpt")
+        train_workers(
+            SPEC, 4, [(0, AFTER)], STEPS, SEED, tmp / "restart", start_step=SWITCH_STEP, resume_dir=tmp / "ckpt"
+        )
         stopped = read_jsonl(tmp / "stop" / "trace.jsonl")[-1]
         restarted = read_jsonl(tmp / "restart" / "trace.jsonl")[0]
         # From the end of the last step under the old plan to the start of the first under the new.
         restart_s = restarted["wall_start"] - stopped["wall_end"]
-        same_model = all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(
-            torch.load(tmp / "live" / "model.pt").values(), torch.load(tmp / "restart" / "model.pt").values()))
+        same_model = all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+            for a, b in zip(
+                torch.load(tmp / "live" / "model.pt").values(), torch.load(tmp / "restart" / "model.pt").values()
+            )
+        )
     loopback = loopback_bandwidth(expected_bytes // blocks * 2)
     params = sum(p.numel() for p in GPT(config_of(SPEC), SEED).parameters())
     report = {

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.cost import validate
@@ -25,14 +22,15 @@ from drover.planner.errors import PlanError
 from drover.planner.model import load_model
 from drover.planner.search import make_plan
 
+ROOT = Path(__file__).resolve().parents[1]
+
 A100 = {"name": "A100-80G", "tflops": 312, "memory_gib": 80}
 NICS = {
     "infiniband": [{"type": "infiniband", "gbps": 200, "count": 8}],
     "roce": [{"type": "roce", "gbps": 200, "count": 8}],
     "ethernet": [],
 }
-MODELS = {name: load_model(ROOT / "examples" / "models" / f"{name}.yaml")
-          for name in ("gpt-3.6b", "gpt-7b", "gpt-70b")}
+MODELS = {name: load_model(ROOT / "examples" / "models" / f"{name}.yaml") for name in ("gpt-3.6b", "gpt-7b", "gpt-70b")}
 SEQS_PER_GPU = {"gpt-3.6b": 8, "gpt-7b": 8, "gpt-70b": 16}  # weak scaling of the global batch
 
 
@@ -42,9 +40,12 @@ def make_cluster(gpus: int, rates: dict | None = None, second_nic: str | None = 
     for i in range(gpus // 8):
         kind = second_nic if (second_nic and i % 2) else "infiniband"
         nodes.append({"name": f"n{i}", "nics": NICS[kind]})
-    data = {"name": f"a100-{gpus}", "nodes": nodes, "rates": rates or {},
-            "defaults": {"gpus": 8, "gpu": A100, "intra_gbps": 2400, "ethernet_gbps": 100,
-                         "nics": NICS["infiniband"]}}
+    data = {
+        "name": f"a100-{gpus}",
+        "nodes": nodes,
+        "rates": rates or {},
+        "defaults": {"gpus": 8, "gpu": A100, "intra_gbps": 2400, "ethernet_gbps": 100, "nics": NICS["infiniband"]},
+    }
     return cluster_from_dict(data, f"bench-{gpus}")
 
 
@@ -99,20 +100,28 @@ def straggler_bench(sizes: list[int]) -> dict:
                 thr = plan.predicted.samples_per_s
                 uni = baseline_samples_per_s(cluster, model, "uniform")
                 drp = baseline_samples_per_s(cluster, model, "drop")
-                rows.append({
-                    "gpus": gpus, "model": model_name, "shape": shape,
-                    "E": round(quality(plan) / quality(healthy_plan), 4),
-                    "samples_per_s": round(thr, 3), "uniform": round(uni, 3), "drop": round(drp, 3),
-                    "vs_uniform": round(thr / uni, 3) if uni else None,
-                    "vs_drop": round(thr / drp, 3) if drp else None,
-                    "plan_seconds": round(seconds, 3),
-                    "pipelines": len(plan.pipelines), "removed": len(plan.removed),
-                })
+                rows.append(
+                    {
+                        "gpus": gpus,
+                        "model": model_name,
+                        "shape": shape,
+                        "E": round(quality(plan) / quality(healthy_plan), 4),
+                        "samples_per_s": round(thr, 3),
+                        "uniform": round(uni, 3),
+                        "drop": round(drp, 3),
+                        "vs_uniform": round(thr / uni, 3) if uni else None,
+                        "vs_drop": round(thr / drp, 3) if drp else None,
+                        "plan_seconds": round(seconds, 3),
+                        "pipelines": len(plan.pipelines),
+                        "removed": len(plan.removed),
+                    }
+                )
     return {
         "scenarios": rows,
         "min_E": min(r["E"] for r in rows),
         "never_worse_than_baselines": all(
-            r["samples_per_s"] >= max(r["uniform"], r["drop"]) * (1 - 1e-9) for r in rows),
+            r["samples_per_s"] >= max(r["uniform"], r["drop"]) * (1 - 1e-9) for r in rows
+        ),
     }
 
 
@@ -126,12 +135,16 @@ def nic_bench(sizes: list[int]) -> list[dict]:
                 cluster = make_cluster(gpus, second_nic=second)
                 plan, seconds = timed_plan(cluster, model)
                 uni = baseline_samples_per_s(cluster, model, "uniform")
-                rows.append({
-                    "gpus": gpus, "model": model_name, "mix": f"infiniband+{second}",
-                    "retention_vs_all_ib": round(plan.predicted.samples_per_s / all_ib.predicted.samples_per_s, 4),
-                    "vs_uniform": round(plan.predicted.samples_per_s / uni, 3),
-                    "plan_seconds": round(seconds, 3),
-                })
+                rows.append(
+                    {
+                        "gpus": gpus,
+                        "model": model_name,
+                        "mix": f"infiniband+{second}",
+                        "retention_vs_all_ib": round(plan.predicted.samples_per_s / all_ib.predicted.samples_per_s, 4),
+                        "vs_uniform": round(plan.predicted.samples_per_s / uni, 3),
+                        "plan_seconds": round(seconds, 3),
+                    }
+                )
     return rows
 
 
@@ -143,8 +156,14 @@ def timing_bench(sizes: list[int]) -> list[dict]:
             shapes = {"healthy": {}, **straggler_shapes(gpus)}
             worst = max((timed_plan(make_cluster(gpus, r), model)[1], s) for s, r in shapes.items())
             mixed = timed_plan(make_cluster(gpus, second_nic="roce"), model)[1]
-            rows.append({"gpus": gpus, "model": model_name, "worst_seconds": round(max(worst[0], mixed), 3),
-                         "worst_shape": worst[1] if worst[0] >= mixed else "infiniband+roce"})
+            rows.append(
+                {
+                    "gpus": gpus,
+                    "model": model_name,
+                    "worst_seconds": round(max(worst[0], mixed), 3),
+                    "worst_shape": worst[1] if worst[0] >= mixed else "infiniband+roce",
+                }
+            )
     return rows
 
 

@@ -18,18 +18,28 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 from drover.agent.runtime.launch import local_cluster, train_workers
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
 
-SPEC = model_from_dict({"name": "bench-runtime", "layers": 8, "hidden": 256, "ffn_hidden": 1024, "heads": 8,
-                        "seq_len": 64, "vocab": 1024, "global_batch": 24, "micro_batch": 2})
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = model_from_dict(
+    {
+        "name": "bench-runtime",
+        "layers": 8,
+        "hidden": 256,
+        "ffn_hidden": 1024,
+        "heads": 8,
+        "seq_len": 64,
+        "vocab": 1024,
+        "global_batch": 24,
+        "micro_batch": 2,
+    }
+)
 WORKERS, SLOW_DEVICE, RATE = 4, "local/1", 3.0
 
 
@@ -51,18 +61,29 @@ def main() -> None:
     adapted_slow = samples_per_s(adapted, True, args.steps)
     uniform_healthy = samples_per_s(uniform, False, args.steps)
     ideal = uniform_healthy * (WORKERS - 1 + 1 / RATE) / WORKERS
-    print(json.dumps({
-        "cores": os.cpu_count(),
-        "workers": WORKERS, "slow_device": SLOW_DEVICE, "rate": RATE,
-        "uniform_plan": uniform.to_dict()["pipelines"],
-        "planner_plan": adapted.to_dict()["pipelines"],
-        "samples_per_s": {"uniform_slow": uniform_slow, "planner_slow": adapted_slow,
-                          "uniform_healthy": uniform_healthy, "ideal_slow": ideal},
-        "planner_over_uniform": adapted_slow / uniform_slow,
-        "target_planner_over_uniform_at_least": 1.5,
-        "planner_over_ideal": adapted_slow / ideal,
-        "target_planner_over_ideal_at_least": 0.8,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "cores": os.cpu_count(),
+                "workers": WORKERS,
+                "slow_device": SLOW_DEVICE,
+                "rate": RATE,
+                "uniform_plan": uniform.to_dict()["pipelines"],
+                "planner_plan": adapted.to_dict()["pipelines"],
+                "samples_per_s": {
+                    "uniform_slow": uniform_slow,
+                    "planner_slow": adapted_slow,
+                    "uniform_healthy": uniform_healthy,
+                    "ideal_slow": ideal,
+                },
+                "planner_over_uniform": adapted_slow / uniform_slow,
+                "target_planner_over_uniform_at_least": 1.5,
+                "planner_over_ideal": adapted_slow / ideal,
+                "target_planner_over_ideal_at_least": 0.8,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,21 @@ def cli() -> None:
     """Drover keeps hybrid-parallel training fast when GPUs straggle and networks differ."""
 
 
-for command in (offline.plan, offline.simulate, offline.train, up.up, daemons.server, daemons.agent, remote.job,
-                remote.nodes, remote.telemetry, remote.replan, remote.detect, remote.node, remote.straggle):
+for command in (
+    offline.plan,
+    offline.simulate,
+    offline.train,
+    up.up,
+    daemons.server,
+    daemons.agent,
+    remote.job,
+    remote.nodes,
+    remote.telemetry,
+    remote.replan,
+    remote.detect,
+    remote.node,
+    remote.straggle,
+):
     cli.add_command(command)
 # `drover plan` plans offline; its subcommands read a running job's plans.
 offline.plan.add_command(remote.plan_show)

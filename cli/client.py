@@ -21,14 +21,19 @@ def connect(address: str = DEFAULT_ADDRESS) -> jobs_pb2_grpc.JobServiceStub:
 def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: Path | None = None) -> jobs_pb2.Job:
     """Submit a job file; a model path inside it is relative to the file's folder. Without
     `out_dir` the control plane picks where the job's output goes. OSError if unreadable."""
-    return stub.SubmitJob(jobs_pb2.SubmitJobRequest(
-        job_yaml=job_file.read_text(), base_dir=str(job_file.parent.resolve()),
-        out_dir=str(out_dir.resolve()) if out_dir else ""))
+    return stub.SubmitJob(
+        jobs_pb2.SubmitJobRequest(
+            job_yaml=job_file.read_text(),
+            base_dir=str(job_file.parent.resolve()),
+            out_dir=str(out_dir.resolve()) if out_dir else "",
+        )
+    )
 
 
 def to_dict(message) -> dict:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def to_json(message) -> str:

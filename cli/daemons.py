@@ -52,12 +52,14 @@ def run_until_stopped(main) -> None:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, lambda: None)
             task.cancel()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop)
         try:
             await main
         except asyncio.CancelledError:
             pass
+
     asyncio.run(guarded())
 
 
@@ -69,21 +71,30 @@ def detector_options(command):
     """One option per detection setting, e.g. --healthy-below or $DROVER_HEALTHY_BELOW;
     the defaults are DetectorSettings' (Malleus's values)."""
     for setting in reversed(SETTINGS):
-        command = click.option(f"--{setting.name.replace('_', '-')}", setting.name, type=type(setting.default),
-                               default=setting.default, show_default=True, envvar=f"DROVER_{setting.name.upper()}",
-                               help=setting.metadata["help"])(command)
+        command = click.option(
+            f"--{setting.name.replace('_', '-')}",
+            setting.name,
+            type=type(setting.default),
+            default=setting.default,
+            show_default=True,
+            envvar=f"DROVER_{setting.name.upper()}",
+            help=setting.metadata["help"],
+        )(command)
     return command
 
 
 @click.command()
-@click.option("--db", default="drover.db", show_default=True, envvar="DROVER_DB",
-              help="SQLite file, or any SQLAlchemy URL.")
-@click.option("--listen", default="127.0.0.1:50051", show_default=True, envvar="DROVER_LISTEN",
-              help="Address to serve gRPC on.")
+@click.option(
+    "--db", default="drover.db", show_default=True, envvar="DROVER_DB", help="SQLite file, or any SQLAlchemy URL."
+)
+@click.option(
+    "--listen", default="127.0.0.1:50051", show_default=True, envvar="DROVER_LISTEN", help="Address to serve gRPC on."
+)
 @detector_options
 def server(db: str, listen: str, **settings) -> None:
     """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
     from drover.control_plane.api import serve
+
     try:
         detector = DetectorSettings(**settings)
     except ValueError as exc:
@@ -95,13 +106,23 @@ def server(db: str, listen: str, **settings) -> None:
 @click.command()
 @control_plane_option
 @click.option("--node", default=socket.gethostname(), show_default=True, help="This node's name.")
-@click.option("--cpu-devices", type=click.IntRange(min=0), default=0,
-              help="Run this many CPU devices instead of discovering GPUs.")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
-              help="Seconds between telemetry messages.")
+@click.option(
+    "--cpu-devices",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Run this many CPU devices instead of discovering GPUs.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Seconds between telemetry messages.",
+)
 @click.option("--work-dir", default=".drover-agent", show_default=True, help="Where job inboxes live.")
 def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
+
     _log_to_stderr()
     run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}").run_forever())

@@ -28,8 +28,14 @@ class LocalCluster:
     Logs go to WORK_DIR/logs, job inboxes to WORK_DIR/agents. `stop()` (or leaving a `with`
     block) sends SIGTERM to all, as docker does, and kills what has not exited 15 s later."""
 
-    def __init__(self, work_dir: Path, nodes: int = 2, devices_per_node: int = 2,
-                 telemetry_interval_s: float = 0.5, connect_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        work_dir: Path,
+        nodes: int = 2,
+        devices_per_node: int = 2,
+        telemetry_interval_s: float = 0.5,
+        connect_timeout_s: float = 120.0,
+    ):
         self.work_dir = Path(work_dir)
         self.logs = self.work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -39,13 +45,29 @@ class LocalCluster:
         self.agents: list[subprocess.Popen] = []
         try:
             for i in range(nodes):
-                self.agents.append(self._start(
-                    ["agent", "--control-plane", self.address, "--node", f"node-{i}", "--cpu-devices",
-                     str(devices_per_node), "--interval", str(telemetry_interval_s),
-                     "--work-dir", str(self.work_dir / "agents")], f"agent-{i}.log", "w"))
+                self.agents.append(
+                    self._start(
+                        [
+                            "agent",
+                            "--control-plane",
+                            self.address,
+                            "--node",
+                            f"node-{i}",
+                            "--cpu-devices",
+                            str(devices_per_node),
+                            "--interval",
+                            str(telemetry_interval_s),
+                            "--work-dir",
+                            str(self.work_dir / "agents"),
+                        ],
+                        f"agent-{i}.log",
+                        "w",
+                    )
+                )
             self.stub = connect(self.address)
-            self.wait_until(lambda: self.connected_nodes() >= nodes, connect_timeout_s,
-                            what=f"{nodes} agents to connect")
+            self.wait_until(
+                lambda: self.connected_nodes() >= nodes, connect_timeout_s, what=f"{nodes} agents to connect"
+            )
         except BaseException:
             self.stop()
             raise
@@ -73,8 +95,10 @@ class LocalCluster:
         while time.time() < deadline:
             exited = [(name, p.returncode) for name, p in self._processes() if p.poll() is not None]
             if exited:
-                raise LocalClusterError(", ".join(f"the {name} exited with code {code}" for name, code in exited)
-                                        + f" while waiting for {what}; logs in {self.logs}")
+                raise LocalClusterError(
+                    ", ".join(f"the {name} exited with code {code}" for name, code in exited)
+                    + f" while waiting for {what}; logs in {self.logs}"
+                )
             try:
                 value = predicate()
                 if value:
@@ -111,8 +135,9 @@ class LocalCluster:
         return [("control plane", self.server)] + [(f"agent of node-{i}", a) for i, a in enumerate(self.agents)]
 
     def _start_server(self, log_mode: str) -> subprocess.Popen:
-        return self._start(["server", "--db", str(self.work_dir / "drover.db"), "--listen", self.address],
-                           "server.log", log_mode)
+        return self._start(
+            ["server", "--db", str(self.work_dir / "drover.db"), "--listen", self.address], "server.log", log_mode
+        )
 
     def _start(self, args: list[str], log_name: str, log_mode: str) -> subprocess.Popen:
         log = open(self.logs / log_name, log_mode)

@@ -20,8 +20,13 @@ from .render import render_plan, render_simulation
 @click.group(invoke_without_command=True)
 @click.option("--cluster", "cluster_file", metavar="FILE", help="Cluster file (YAML or JSON).")
 @click.option("--model", "model_file", metavar="FILE", help="Model file (YAML or JSON).")
-@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="drover", show_default=True,
-              help="drover: the three-phase planner; uniform, drop: the Megatron-style baselines.")
+@click.option(
+    "--strategy",
+    type=click.Choice(list(STRATEGIES)),
+    default="drover",
+    show_default=True,
+    help="drover: the three-phase planner; uniform, drop: the Megatron-style baselines.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the plan JSON of the spec.")
 @click.pass_context
 def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) -> None:
@@ -41,8 +46,13 @@ def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) 
 @click.command()
 @click.option("--cluster", "cluster_file", required=True, metavar="FILE", help="Cluster file (YAML or JSON).")
 @click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
-@click.option("--events", "events_file", required=True, metavar="FILE",
-              help="Events: devices that slow, recover or fail, nodes that join (YAML).")
+@click.option(
+    "--events",
+    "events_file",
+    required=True,
+    metavar="FILE",
+    help="Events: devices that slow, recover or fail, nodes that join (YAML).",
+)
 @click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Training steps.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 def simulate(cluster_file: str, model_file: str, events_file: str, steps: int, as_json: bool) -> None:
@@ -77,14 +87,30 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
 @click.option("--reference", is_flag=True, help="One process, no parallelism: what every plan must match.")
 @click.option("--workers", type=click.IntRange(min=1), help="Local worker processes, devices local/0..N-1.")
 @click.option("--plan", "plan_file", metavar="FILE", help="The plan to start with (plan JSON of the spec).")
-@click.option("--switch", "switches", multiple=True, callback=_parse_switch, metavar="STEP:FILE",
-              help="Switch live to another plan at a step; repeatable.")
-@click.option("--slow", multiple=True, callback=_parse_slow, metavar="DEVICE=RATE@STEP",
-              help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.")
+@click.option(
+    "--switch",
+    "switches",
+    multiple=True,
+    callback=_parse_switch,
+    metavar="STEP:FILE",
+    help="Switch live to another plan at a step; repeatable.",
+)
+@click.option(
+    "--slow",
+    multiple=True,
+    callback=_parse_slow,
+    metavar="DEVICE=RATE@STEP",
+    help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.",
+)
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Training steps.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the model and the data.")
-@click.option("--out", "out_dir", required=True, metavar="DIR",
-              help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    metavar="DIR",
+    help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).",
+)
 def train(model_file, reference, workers, plan_file, switches, slow, steps, seed, out_dir) -> None:
     """Train the model, on local workers following plans or as the single-process reference."""
     from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command

@@ -9,8 +9,13 @@ from .client import DEFAULT_ADDRESS
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 control_plane_option = click.option(
-    "--control-plane", "address", default=DEFAULT_ADDRESS, show_default=True, envvar="DROVER_CONTROL_PLANE",
-    help="host:port of the control plane.")
+    "--control-plane",
+    "address",
+    default=DEFAULT_ADDRESS,
+    show_default=True,
+    envvar="DROVER_CONTROL_PLANE",
+    help="host:port of the control plane.",
+)
 
 
 def parse_slowdowns(values, param, example: str, default_step: int | None = None) -> list[tuple[str, float, int]]:

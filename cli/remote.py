@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from .client import connect, jobs_pb2, submit_job, to_dict, to_json
 from drover.planner.wire import job_state_name
 
+from .client import connect, jobs_pb2, submit_job, to_dict, to_json
 from .options import control_plane_option, json_option
 from .render import table
 
@@ -23,9 +23,22 @@ def _print(message, as_json: bool, render) -> None:
 
 
 def _job_rows(jobs) -> str:
-    return table(["job", "state", "model", "step", "steps", "plan", "committed", "detail"],
-                 [[j.id, job_state_name(j.state), j.model_name, j.step, j.steps, j.plan_version, j.committed_plan_version,
-                   j.detail[:60]] for j in jobs])
+    return table(
+        ["job", "state", "model", "step", "steps", "plan", "committed", "detail"],
+        [
+            [
+                j.id,
+                job_state_name(j.state),
+                j.model_name,
+                j.step,
+                j.steps,
+                j.plan_version,
+                j.committed_plan_version,
+                j.detail[:60],
+            ]
+            for j in jobs
+        ],
+    )
 
 
 @click.group()
@@ -76,8 +89,10 @@ def job_watch(job_id: str, address: str, as_json: bool) -> None:
         else:
             details = json.loads(event.details_json)
             details.pop("plan", None)
-            click.echo(f"{time.strftime('%H:%M:%S', time.localtime(event.time))} step {event.step:>5}  "
-                       f"{event.kind:<20} {json.dumps(details)}")
+            click.echo(
+                f"{time.strftime('%H:%M:%S', time.localtime(event.time))} step {event.step:>5}  "
+                f"{event.kind:<20} {json.dumps(details)}"
+            )
 
 
 @job.command("cancel")
@@ -94,15 +109,24 @@ def job_cancel(job_id: str, address: str, as_json: bool) -> None:
 @json_option
 def nodes(address: str, as_json: bool) -> None:
     """List nodes, their devices and NICs."""
-    _print(connect(address).ListNodes(jobs_pb2.ListNodesRequest()), as_json,
-           lambda r: table(["node", "connected", "drained", "devices", "nics"],
-                           [[n.name, n.connected, n.drained, len(n.devices), ", ".join(n.nics)] for n in r.nodes]))
+    _print(
+        connect(address).ListNodes(jobs_pb2.ListNodesRequest()),
+        as_json,
+        lambda r: table(
+            ["node", "connected", "drained", "devices", "nics"],
+            [[n.name, n.connected, n.drained, len(n.devices), ", ".join(n.nics)] for n in r.nodes],
+        ),
+    )
 
 
 def _plan_rows(records) -> str:
-    return table(["version", "committed", "pipelines", "predicted samples/s", "reason"],
-                 [[p.version, p.committed, len(p.plan.pipelines), f"{p.plan.predicted.samples_per_s:.3g}",
-                   p.reason[:70]] for p in records])
+    return table(
+        ["version", "committed", "pipelines", "predicted samples/s", "reason"],
+        [
+            [p.version, p.committed, len(p.plan.pipelines), f"{p.plan.predicted.samples_per_s:.3g}", p.reason[:70]]
+            for p in records
+        ],
+    )
 
 
 @click.command("show")
@@ -115,11 +139,17 @@ def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
     record = connect(address).GetPlan(jobs_pb2.GetPlanRequest(job_id=job_id, version=version))
 
     def render(r):
-        rows = [[i, p.micro_batches, k, " ".join(s.devices), f"{s.layers[0]}-{s.layers[1]}"]
-                for i, p in enumerate(r.plan.pipelines) for k, s in enumerate(p.stages)]
-        return (f"{r.job_id} plan v{r.version} ({'committed' if r.committed else 'pending'}): {r.reason}\n"
-                + table(["pipeline", "micro", "stage", "devices", "blocks"], rows)
-                + f"\nremoved: {' '.join(r.plan.removed) or 'none'}")
+        rows = [
+            [i, p.micro_batches, k, " ".join(s.devices), f"{s.layers[0]}-{s.layers[1]}"]
+            for i, p in enumerate(r.plan.pipelines)
+            for k, s in enumerate(p.stages)
+        ]
+        return (
+            f"{r.job_id} plan v{r.version} ({'committed' if r.committed else 'pending'}): {r.reason}\n"
+            + table(["pipeline", "micro", "stage", "devices", "blocks"], rows)
+            + f"\nremoved: {' '.join(r.plan.removed) or 'none'}"
+        )
+
     _print(record, as_json, render)
 
 
@@ -129,8 +159,7 @@ def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
 @json_option
 def plan_history(job_id: str, address: str, as_json: bool) -> None:
     """Every plan version of a job, with its reason."""
-    _print(connect(address).ListPlans(jobs_pb2.ListPlansRequest(job_id=job_id)), as_json,
-           lambda r: _plan_rows(r.plans))
+    _print(connect(address).ListPlans(jobs_pb2.ListPlansRequest(job_id=job_id)), as_json, lambda r: _plan_rows(r.plans))
 
 
 @click.command()
@@ -141,10 +170,14 @@ def plan_history(job_id: str, address: str, as_json: bool) -> None:
 @json_option
 def telemetry(job_id: str, device: str, limit: int, address: str, as_json: bool) -> None:
     """Recent telemetry of a job's devices, newest first, with the rate derived."""
-    _print(connect(address).QueryTelemetry(jobs_pb2.QueryTelemetryRequest(
-        job_id=job_id, device=device, limit=limit)), as_json,
-        lambda r: table(["device", "step", "s/block/micro-batch", "rate"],
-                        [[p.device, p.step, f"{p.compute_s_per_block:.4f}", p.rate] for p in r.points]))
+    _print(
+        connect(address).QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id=job_id, device=device, limit=limit)),
+        as_json,
+        lambda r: table(
+            ["device", "step", "s/block/micro-batch", "rate"],
+            [[p.device, p.step, f"{p.compute_s_per_block:.4f}", p.rate] for p in r.points],
+        ),
+    )
 
 
 @click.command()
@@ -154,8 +187,11 @@ def telemetry(job_id: str, device: str, limit: int, address: str, as_json: bool)
 @json_option
 def replan(job_id: str, reason: str, address: str, as_json: bool) -> None:
     """Plan the job again now and roll the plan out."""
-    _print(connect(address).Replan(jobs_pb2.ReplanRequest(job_id=job_id, reason=reason)), as_json,
-           lambda r: _plan_rows([r]))
+    _print(
+        connect(address).Replan(jobs_pb2.ReplanRequest(job_id=job_id, reason=reason)),
+        as_json,
+        lambda r: _plan_rows([r]),
+    )
 
 
 @click.group()
@@ -209,6 +245,5 @@ def node_undrain(name: str, address: str) -> None:
 @control_plane_option
 def straggle(device: str, rate: float, from_step: int, address: str) -> None:
     """Emulation: make DEVICE RATE times slower (1 restores it)."""
-    r = connect(address).Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate,
-                                                                         from_step=from_step))
+    r = connect(address).Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=from_step))
     click.echo(f"{device} on {r.node} now {rate:g}x slow")

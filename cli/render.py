@@ -40,9 +40,19 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
     for i, (p, t_p) in enumerate(zip(plan.pipelines, breakdown.pipeline_times_s, strict=True)):
         for k, s in enumerate(p.stages):
             slowest = max(devices[d].rate for d in s.devices)
-            rows.append([i if k == 0 else "", p.micro_batches if k == 0 else "", k, compact_devices(s.devices),
-                         len(s.devices), f"{s.layers[0]}-{s.layers[1]}", s.n,
-                         f"{slowest:g}" if slowest != 1.0 else "", f"{t_p:.3f}" if k == 0 else ""])
+            rows.append(
+                [
+                    i if k == 0 else "",
+                    p.micro_batches if k == 0 else "",
+                    k,
+                    compact_devices(s.devices),
+                    len(s.devices),
+                    f"{s.layers[0]}-{s.layers[1]}",
+                    s.n,
+                    f"{slowest:g}" if slowest != 1.0 else "",
+                    f"{t_p:.3f}" if k == 0 else "",
+                ]
+            )
     pred = plan.predicted
     lines = [
         f"plan: strategy {plan.strategy}, cluster {cluster.name}, model {model.name} "
@@ -55,14 +65,15 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
         f"+ gradient sync {breakdown.dp_sync_time_s:.3f} s)",
     ]
     if pred is not None:
-        lines.append(f"predicted: {pred.samples_per_s:.2f} samples/s; ideal {pred.ideal_samples_per_s:.2f} "
-                     f"samples/s ({pred.samples_per_s / pred.ideal_samples_per_s:.1%} of ideal)")
+        lines.append(
+            f"predicted: {pred.samples_per_s:.2f} samples/s; ideal {pred.ideal_samples_per_s:.2f} "
+            f"samples/s ({pred.samples_per_s / pred.ideal_samples_per_s:.1%} of ideal)"
+        )
     return "\n".join(lines)
 
 
 def render_simulation(runs) -> str:
-    rows = [[r.strategy, f"{r.total_s:.1f}", f"{r.samples_per_s:.2f}", r.replans, f"{r.migration_s:.1f}"]
-            for r in runs]
+    rows = [[r.strategy, f"{r.total_s:.1f}", f"{r.samples_per_s:.2f}", r.replans, f"{r.migration_s:.1f}"] for r in runs]
     lines = [table(["strategy", "total (s)", "samples/s", "replans", "migrating (s)"], rows)]
     for r in runs:
         lines += ["", f"{r.strategy}:"]

@@ -24,12 +24,28 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
 @click.command()
 @click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--devices-per-node", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--job", "job_file", type=click.Path(exists=True, dir_okay=False), default="examples/jobs/tiny.yaml",
-              show_default=True)
-@click.option("--straggle", "straggles", multiple=True, callback=_parse_straggle, metavar="DEVICE=RATE@STEP",
-              help="Emulation: DEVICE becomes RATE times slower from STEP; repeatable.")
-@click.option("--out", "out_dir", default="out/up", show_default=True,
-              help="trace.jsonl, migrations.jsonl, events.jsonl, model.pt and drover.db go here.")
+@click.option(
+    "--job",
+    "job_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default="examples/jobs/tiny.yaml",
+    show_default=True,
+)
+@click.option(
+    "--straggle",
+    "straggles",
+    multiple=True,
+    callback=_parse_straggle,
+    metavar="DEVICE=RATE@STEP",
+    help="Emulation: DEVICE becomes RATE times slower from STEP; repeatable.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="out/up",
+    show_default=True,
+    help="trace.jsonl, migrations.jsonl, events.jsonl, model.pt and drover.db go here.",
+)
 def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
@@ -38,8 +54,10 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
         (out / stale).unlink(missing_ok=True)
     with LocalCluster(out, nodes, devices_per_node) as cluster:
         submitted = cluster.submit(Path(job_file), out)
-        click.echo(f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
-                   f"{devices_per_node} devices; control plane {cluster.address}")
+        click.echo(
+            f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
+            f"{devices_per_node} devices; control plane {cluster.address}"
+        )
         for device, rate, step in straggles:
             cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
         _follow(cluster.stub, submitted.id, out)
@@ -76,6 +94,7 @@ def summary(out: Path, job, straggle_steps: list[int]) -> str:
     def rate(lo, hi):
         picked = [t["samples_per_s"] for t in trace if lo <= t["step"] < hi and t["step"] > 0]
         return f"{statistics.median(picked):.1f}" if picked else "-"
+
     end = len(trace)
     rows = [["before the straggler", rate(0, slow_from if slow_from is not None else end)]]
     if slow_from is not None:
@@ -91,8 +110,14 @@ def summary(out: Path, job, straggle_steps: list[int]) -> str:
         lines.append(f"no new plan: {no_new_plan_reason(events, slow_from, job.step)}")
     lines += [
         "plans committed: " + (", ".join(f"v{e['plan_version']}@step {e['step']}" for e in plans) or "none"),
-        "migrations: " + (", ".join(f"step {m['step']}: {m['blocks_moved']} blocks, {m['bytes_moved']} bytes, "
-                                    f"{m['seconds']:.3f} s" for m in migrations) or "none"),
+        "migrations: "
+        + (
+            ", ".join(
+                f"step {m['step']}: {m['blocks_moved']} blocks, {m['bytes_moved']} bytes, {m['seconds']:.3f} s"
+                for m in migrations
+            )
+            or "none"
+        ),
         f"output: {out} (trace.jsonl, migrations.jsonl, events.jsonl, model.pt)",
         f"database: {out / 'drover.db'}",
     ]
@@ -106,8 +131,10 @@ def no_new_plan_reason(events: list[dict], slow_from: int, end_step: int) -> str
     after = [e for e in events if e["step"] >= slow_from]
     pushed = [e for e in after if e["kind"] == "plan_pushed" and e["plan_version"] >= 2]
     if pushed:
-        return (f"plan v{pushed[-1]['plan_version']}, pushed at step {pushed[-1]['step']}, was not running "
-                f"before the job ended at step {end_step}")
+        return (
+            f"plan v{pushed[-1]['plan_version']}, pushed at step {pushed[-1]['step']}, was not running "
+            f"before the job ended at step {end_step}"
+        )
     skipped = [e for e in after if e["kind"] == "replan_skipped"]
     if skipped:
         return replan_skipped_reason(skipped[-1])
@@ -122,5 +149,7 @@ def replan_skipped_reason(event: dict) -> str:
     """A replan_skipped event's reason; events of older control planes carry only the figures."""
     if event.get("reason"):
         return event["reason"]
-    return (f"predicted gain {event['gain_s']:.3g} s over the remaining steps <= migration "
-            f"{event['migration_s']:.3g} s (rates moved: {event['rates']}; step {event['step']})")
+    return (
+        f"predicted gain {event['gain_s']:.3g} s over the remaining steps <= migration "
+        f"{event['migration_s']:.3g} s (rates moved: {event['rates']}; step {event['step']})"
+    )

@@ -13,16 +13,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
-
+from drover.planner.errors import PlanError, SpecError
+from drover.planner.plan import plan_from_dict
+from drover.planner.wire import STREAM_OPTIONS, job_state, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
-from drover.planner.errors import PlanError, SpecError
-from drover.planner.plan import plan_from_dict
-from .controller import ControlPlane, FailedPrecondition, InvalidArgument
-from drover.planner.wire import STREAM_OPTIONS, job_state, plan_to_proto
+from .controller import TERMINAL, ControlPlane, FailedPrecondition, InvalidArgument
 
 log = logging.getLogger("drover.server")
 
@@ -46,6 +45,7 @@ def map_errors(cls):
         if name.startswith("_") or not callable(method):
             continue
         if inspect.isasyncgenfunction(method):
+
             @functools.wraps(method)
             async def streaming(self, request, context, _method=method):
                 try:
@@ -53,14 +53,17 @@ def map_errors(cls):
                         yield item
                 except Exception as exc:  # noqa: BLE001 - mapped or re-raised
                     await _abort_for(exc, context)
+
             setattr(cls, name, streaming)
         else:
+
             @functools.wraps(method)
             async def unary(self, request, context, _method=method):
                 try:
                     return await _method(self, request, context)
                 except Exception as exc:  # noqa: BLE001 - mapped or re-raised
                     await _abort_for(exc, context)
+
             setattr(cls, name, unary)
     return cls
 
@@ -110,20 +113,41 @@ def _peer_host(peer: str) -> str:
 
 
 def _job(row) -> jobs_pb2.Job:
-    return jobs_pb2.Job(id=row.id, state=job_state(row.state), model_name=row.model_name, steps=row.steps, seed=row.seed,
-                        step=row.step, plan_version=row.plan_version, committed_plan_version=row.committed_plan_version,
-                        detail=row.detail, created=row.created, out_dir=row.out_dir)
+    return jobs_pb2.Job(
+        id=row.id,
+        state=job_state(row.state),
+        model_name=row.model_name,
+        steps=row.steps,
+        seed=row.seed,
+        step=row.step,
+        plan_version=row.plan_version,
+        committed_plan_version=row.committed_plan_version,
+        detail=row.detail,
+        created=row.created,
+        out_dir=row.out_dir,
+    )
 
 
 def _plan(row) -> jobs_pb2.PlanRecord:
-    return jobs_pb2.PlanRecord(job_id=row.job_id, version=row.version, reason=row.reason, committed=row.committed,
-                               created=row.created, plan=plan_to_proto(plan_from_dict(json.loads(row.plan_json))))
+    return jobs_pb2.PlanRecord(
+        job_id=row.job_id,
+        version=row.version,
+        reason=row.reason,
+        committed=row.committed,
+        created=row.created,
+        plan=plan_to_proto(plan_from_dict(json.loads(row.plan_json))),
+    )
 
 
 def _node(session, row) -> jobs_pb2.Node:
-    return jobs_pb2.Node(name=row.name, connected=row.connected, drained=row.drained, last_seen=row.last_seen,
-                         devices=[d.id for d in queries.devices_of(session, row.name)],
-                         nics=[f"{n.name} ({n.type})" for n in queries.nics_of(session, row.name)])
+    return jobs_pb2.Node(
+        name=row.name,
+        connected=row.connected,
+        drained=row.drained,
+        last_seen=row.last_seen,
+        devices=[d.id for d in queries.devices_of(session, row.name)],
+        nics=[f"{n.name} ({n.type})" for n in queries.nics_of(session, row.name)],
+    )
 
 
 @map_errors
@@ -151,22 +175,29 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def WatchEvents(self, request, context):
         await self.read(lambda s: queries.get_job(s, request.job_id))
         last = 0
+
+        def events_after(after: int):
+            return self.read(lambda s: queries.events(s, request.job_id, after))
+
         while True:
             self.cp.new_events.clear()  # before reading, so an event stored meanwhile wakes us
-            for e in await self.read(lambda s: queries.events(s, request.job_id, last)):
+            for e in await events_after(last):
                 last = e.id
-                yield jobs_pb2.Event(time=e.time, step=e.step, job_id=e.job_id, kind=e.kind,
-                                     details_json=e.details_json)
-            if (await self.read(lambda s: queries.get_job(s, request.job_id))).state in ("completed", "failed", "cancelled"):
-                if not await self.read(lambda s: queries.events(s, request.job_id, last)):
-                    return
+                yield jobs_pb2.Event(
+                    time=e.time, step=e.step, job_id=e.job_id, kind=e.kind, details_json=e.details_json
+                )
+            job = await self.read(lambda s: queries.get_job(s, request.job_id))
+            if job.state in TERMINAL and not await events_after(last):
+                return
             await self.cp.next_events()
 
     async def GetPlan(self, request, context):
         return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
 
     async def ListPlans(self, request, context):
-        return jobs_pb2.ListPlansResponse(plans=[_plan(p) for p in await self.read(lambda s: queries.plans(s, request.job_id))])
+        return jobs_pb2.ListPlansResponse(
+            plans=[_plan(p) for p in await self.read(lambda s: queries.plans(s, request.job_id))]
+        )
 
     async def Replan(self, request, context):
         version = await self.cp.replan(request.job_id, request.reason)
@@ -193,9 +224,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         await self.read(lambda s: queries.get_job(s, request.job_id))
         await self.cp.flush()
         rows = await self.read(lambda s: queries.telemetry(s, request.job_id, request.device, request.limit or 100))
-        return jobs_pb2.QueryTelemetryResponse(points=[
-            jobs_pb2.TelemetryPoint(time=r.time, device=r.device, step=r.step,
-                                    compute_s_per_block=r.compute_s_per_block, rate=r.rate) for r in rows])
+        return jobs_pb2.QueryTelemetryResponse(
+            points=[
+                jobs_pb2.TelemetryPoint(
+                    time=r.time, device=r.device, step=r.step, compute_s_per_block=r.compute_s_per_block, rate=r.rate
+                )
+                for r in rows
+            ]
+        )
 
     async def Straggle(self, request, context):
         return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
@@ -212,9 +248,12 @@ async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Serve
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-             jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name, health.SERVICE_NAME,
-             reflection.SERVICE_NAME]
+    names = [
+        agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+        jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+        health.SERVICE_NAME,
+        reflection.SERVICE_NAME,
+    ]
     reflection.enable_server_reflection(names, server)
     port = server.add_insecure_port(address)
     await server.start()

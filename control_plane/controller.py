@@ -25,21 +25,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from drover.v1 import agent_pb2
-
+from drover.planner import (
+    Cluster,
+    Gpu,
+    ModelSpec,
+    Nic,
+    Node,
+    Plan,
+    evaluate,
+    make_plan,
+    migration_seconds,
+    plan_from_dict,
+)
+from drover.planner.ports import free_port
+from drover.planner.wire import job_state_name, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store
 from drover.storage.models import Job, NicSample, TelemetrySample
+from drover.v1 import agent_pb2
 
 from . import coordinator
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_yaml
-from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, make_plan, migration_seconds
-from drover.planner import plan_from_dict
-from drover.planner.ports import free_port
-from drover.planner.wire import job_state_name
-from drover.planner.wire import plan_to_proto
 
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
@@ -63,6 +71,7 @@ class InvalidArgument(ValueError):
 @dataclass
 class RunningJob:
     """What the control plane keeps in memory about a job that runs."""
+
     id: str
     spec: JobSpec
     ranks: dict[str, int]
@@ -85,15 +94,27 @@ class RunningJob:
     ending: bool = False  # the reconcile task finishes its round and stops
 
     def state(self, detection_paused: bool) -> JobState:
-        return JobState(version=self.version, committed=self.committed,
-                        node_versions={n: self.node_versions.get(n, 0) for n in self.nodes}, step=self.step,
-                        steps=self.spec.steps, committed_at=self.committed_at, planned_rates=dict(self.planned_rates),
-                        announced=frozenset(self.announced), detection_paused=detection_paused)
+        return JobState(
+            version=self.version,
+            committed=self.committed,
+            node_versions={n: self.node_versions.get(n, 0) for n in self.nodes},
+            step=self.step,
+            steps=self.spec.steps,
+            committed_at=self.committed_at,
+            planned_rates=dict(self.planned_rates),
+            announced=frozenset(self.announced),
+            detection_paused=detection_paused,
+        )
 
 
 class ControlPlane:
-    def __init__(self, store: Store, detector: DetectorSettings = DetectorSettings(), restart_s: float = 300.0,
-                 device_silence_s: float = DEVICE_SILENCE_S):
+    def __init__(
+        self,
+        store: Store,
+        detector: DetectorSettings = DetectorSettings(),
+        restart_s: float = 300.0,
+        device_silence_s: float = DEVICE_SILENCE_S,
+    ):
         self.store = store
         self.settings = detector
         # One planning thread: plans take seconds at 1,024 GPUs and must not hold up the event loop.
@@ -113,18 +134,29 @@ class ControlPlane:
 
     async def recover(self) -> None:
         """Rebuild running jobs from storage (after a restart)."""
+
         def load(session):
             for node in queries.nodes(session):
                 node.connected = False  # until its agent says hello again
-            return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session)
-                    if job.state == "running"]
+            return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session) if job.state == "running"]
+
         for job, plan_row in await self.store.write(load):
             spec = job_from_yaml(job.model_yaml, source=f"job {job.id}")
             ranks = json.loads(job.ranks_json)
-            self._track(RunningJob(
-                job.id, spec, ranks, sorted({d.split("/")[0] for d in ranks}),
-                plan_from_dict(json.loads(plan_row.plan_json)), plan_row.version, job.committed_plan_version,
-                json.loads(plan_row.rates_json), Detector(self.settings), step=job.step))
+            self._track(
+                RunningJob(
+                    job.id,
+                    spec,
+                    ranks,
+                    sorted({d.split("/")[0] for d in ranks}),
+                    plan_from_dict(json.loads(plan_row.plan_json)),
+                    plan_row.version,
+                    job.committed_plan_version,
+                    json.loads(plan_row.rates_json),
+                    Detector(self.settings),
+                    step=job.step,
+                )
+            )
 
     def _track(self, job: RunningJob) -> None:
         self.jobs[job.id] = job
@@ -160,12 +192,18 @@ class ControlPlane:
             if not job.heard:
                 continue
             newest = max(job.heard.values())
-            silent = sorted(d for d in job.ranks if now - job.heard.get(d, newest) > self.device_silence_s
-                            and newest - job.heard.get(d, newest) > self.device_silence_s / 2)
+            silent = sorted(
+                d
+                for d in job.ranks
+                if now - job.heard.get(d, newest) > self.device_silence_s
+                and newest - job.heard.get(d, newest) > self.device_silence_s / 2
+            )
             if silent:
                 await self._event(job, "device_lost", {"devices": silent, "silent_s": self.device_silence_s})
-                await self._fail(job, f"devices {', '.join(silent)} stopped reporting; recovering from lost "
-                                      f"devices is not supported yet")
+                await self._fail(
+                    job,
+                    f"devices {', '.join(silent)} stopped reporting; recovering from lost devices is not supported yet",
+                )
 
     async def flush(self) -> None:
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
@@ -173,6 +211,7 @@ class ControlPlane:
         def save_steps(session):
             for job_id, step in steps.items():
                 queries.get_job(session, job_id).step = step
+
         await self.store.flush_samples(also=save_steps if steps else None)
         self._saved_steps.update(steps)  # only once they are stored: a failed flush retries them
 
@@ -190,8 +229,10 @@ class ControlPlane:
     async def hello(self, hello: agent_pb2.Hello, queue: asyncio.Queue) -> None:
         if not hello.node or "/" in hello.node:
             raise InvalidArgument(f"hello.node = {hello.node!r}: a non-empty node name without '/'")
-        devices = [{"id": d.id, "kind": d.kind, "name": d.name, "memory_gib": d.memory_gib, "tflops": d.tflops}
-                   for d in hello.devices]
+        devices = [
+            {"id": d.id, "kind": d.kind, "name": d.name, "memory_gib": d.memory_gib, "tflops": d.tflops}
+            for d in hello.devices
+        ]
         for d in devices:
             if not d["id"].startswith(hello.node + "/"):
                 raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
@@ -199,7 +240,9 @@ class ControlPlane:
         for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):
             repeated = sorted({x for x in names if names.count(x) > 1})
             if repeated:
-                raise InvalidArgument(f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique")
+                raise InvalidArgument(
+                    f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique"
+                )
         await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
         running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
         for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
@@ -228,16 +271,19 @@ class ControlPlane:
         for job in list(self.jobs.values()):
             if node in job.nodes:
                 await self._event(job, "node_lost", {"node": node, "after_s": AGENT_GRACE_S})
-                await self._fail(job, f"node {node} stopped reporting; recovering from lost devices is not "
-                                      f"supported yet")
+                await self._fail(
+                    job, f"node {node} stopped reporting; recovering from lost devices is not supported yet"
+                )
 
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         _check_telemetry(message)
         job = self.jobs.get(message.job_id)
         if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
-            raise FailedPrecondition(f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
-                                     f"has no plan version above {job.version} (a stale or foreign agent?)")
+            raise FailedPrecondition(
+                f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
+                f"has no plan version above {job.version} (a stale or foreign agent?)"
+            )
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
@@ -247,20 +293,50 @@ class ControlPlane:
                     job.detector.forget(s.device)
                 job.step = max(job.step, s.step)
         rates = job.detector.rates() if job is not None and message.devices else {}
-        self.store.buffer_samples(TelemetrySample, [
-            {"job_id": message.job_id, "device": s.device, "time": message.time, "step": s.step,
-             "compute_s_per_block": s.compute_s_per_block, "p2p_wait_s": s.p2p_wait_s, "grad_sync_s": s.grad_sync_s,
-             "rate": rates.get(s.device, 1.0)} for s in message.devices])
-        self.store.buffer_samples(NicSample, [
-            {"node": node, "nic": n.nic, "time": message.time, "tx_bytes_per_s": n.tx_bytes_per_s,
-             "rx_bytes_per_s": n.rx_bytes_per_s} for n in message.nics])
+        self.store.buffer_samples(
+            TelemetrySample,
+            [
+                {
+                    "job_id": message.job_id,
+                    "device": s.device,
+                    "time": message.time,
+                    "step": s.step,
+                    "compute_s_per_block": s.compute_s_per_block,
+                    "p2p_wait_s": s.p2p_wait_s,
+                    "grad_sync_s": s.grad_sync_s,
+                    "rate": rates.get(s.device, 1.0),
+                }
+                for s in message.devices
+            ],
+        )
+        self.store.buffer_samples(
+            NicSample,
+            [
+                {
+                    "node": node,
+                    "nic": n.nic,
+                    "time": message.time,
+                    "tx_bytes_per_s": n.tx_bytes_per_s,
+                    "rx_bytes_per_s": n.rx_bytes_per_s,
+                }
+                for n in message.nics
+            ],
+        )
         if job is None:
             return
         for m in message.migrations:
             job.switched_at[m.plan_version] = m.step
-            await self._event(job, "migration_done", {"plan_version": m.plan_version, "bytes_moved": m.bytes_moved,
-                                                      "blocks_moved": m.blocks_moved, "seconds": m.seconds},
-                              step=m.step)
+            await self._event(
+                job,
+                "migration_done",
+                {
+                    "plan_version": m.plan_version,
+                    "bytes_moved": m.bytes_moved,
+                    "blocks_moved": m.blocks_moved,
+                    "seconds": m.seconds,
+                },
+                step=m.step,
+            )
         job.node_versions[node] = message.active_plan_version
         job.wake.set()
 
@@ -281,9 +357,13 @@ class ControlPlane:
 
     async def submit(self, job_yaml: str, base_dir: str, out_dir: str) -> Job:
         spec = job_from_yaml(job_yaml, base_dir or ".", "job_yaml")
-        nodes = await self.store.write(lambda s: [
-            (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
-            for n in queries.nodes(s) if n.connected and not n.drained and n.name in self.outboxes])
+        nodes = await self.store.write(
+            lambda s: [
+                (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
+                for n in queries.nodes(s)
+                if n.connected and not n.drained and n.name in self.outboxes
+            ]
+        )
         nodes = [n for n in nodes if n[1]]
         if not nodes:
             raise FailedPrecondition("no connected, undrained node with devices: start agents first")
@@ -300,20 +380,48 @@ class ControlPlane:
         port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
 
         def create(session):
-            session.add(Job(id=job_id, state="running", model_yaml=model_yaml, model_name=spec.model.name,
-                            steps=spec.steps, seed=spec.seed, out_dir=str(out), created=time.time(),
-                            ranks_json=json.dumps(ranks), master_addr=master_addr, master_port=port))
+            session.add(
+                Job(
+                    id=job_id,
+                    state="running",
+                    model_yaml=model_yaml,
+                    model_name=spec.model.name,
+                    steps=spec.steps,
+                    seed=spec.seed,
+                    out_dir=str(out),
+                    created=time.time(),
+                    ranks_json=json.dumps(ranks),
+                    master_addr=master_addr,
+                    master_port=port,
+                )
+            )
             session.flush()
             queries.add_plan(session, job_id, plan.to_dict(), "initial plan", {})
-            queries.add_event(session, job_id, 0, "job_started", {"nodes": [n for n, _, _ in nodes],
-                                                                   "devices": devices, "plan_version": 1})
+            queries.add_event(
+                session,
+                job_id,
+                0,
+                "job_started",
+                {"nodes": [n for n, _, _ in nodes], "devices": devices, "plan_version": 1},
+            )
             return queries.get_job(session, job_id)
+
         job_row = await self.store.write(create)
         job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings))
         self._track(job)
-        start = agent_pb2.StartJob(job_id=job_id, model_yaml=json.dumps(spec.model_data), steps=spec.steps,
-                                   seed=spec.seed, world_size=len(devices), ranks=ranks, master_addr=master_addr,
-                                   master_port=port, plan_version=1, plan=plan_to_proto(plan), out_dir=str(out))
+        start = agent_pb2.StartJob(
+            job_id=job_id,
+            model_yaml=json.dumps(spec.model_data),
+            steps=spec.steps,
+            seed=spec.seed,
+            world_size=len(devices),
+            ranks=ranks,
+            master_addr=master_addr,
+            master_port=port,
+            plan_version=1,
+            plan=plan_to_proto(plan),
+            out_dir=str(out),
+        )
         for node in job.nodes:
             self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))
         return job_row
@@ -345,8 +453,11 @@ class ControlPlane:
         row = await self.store.write(lambda s: queries.get_device(s, device))
         if row.node not in self.outboxes:
             raise FailedPrecondition(f"node {row.node} of {device} is not connected")
-        self.outboxes[row.node].put_nowait(agent_pb2.ControlMessage(command=agent_pb2.Command(
-            straggle=agent_pb2.Straggle(device=device, rate=rate, from_step=from_step))))
+        self.outboxes[row.node].put_nowait(
+            agent_pb2.ControlMessage(
+                command=agent_pb2.Command(straggle=agent_pb2.Straggle(device=device, rate=rate, from_step=from_step))
+            )
+        )
         return row.node
 
     async def drain(self, node: str, drained: bool):
@@ -354,6 +465,7 @@ class ControlPlane:
             row = queries.get_node(session, node)
             row.drained = drained
             return row
+
         return await self.store.write(update)
 
     async def _running(self, job_id: str) -> RunningJob:
@@ -412,8 +524,9 @@ class ControlPlane:
             job.wake.set()
 
     async def _propose(self, job: RunningJob, rates: dict[str, float]) -> Proposal:
-        nodes = await self.store.query(lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n))
-                                                  for n in job.nodes])
+        nodes = await self.store.query(
+            lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
+        )
         return await self._off_loop(propose, cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s)
 
     async def _off_loop(self, fn, *args):
@@ -434,18 +547,21 @@ class ControlPlane:
         job.committed = version
         job.committed_at = job.switched_at.get(version, 0 if version == 1 else job.step)
         job.detector.discard_before(job.committed_at)
-        await self._event(job, "plan_committed", {"plan_version": version, "plan": job.plan.to_dict()},
-                          step=job.committed_at)
+        await self._event(
+            job, "plan_committed", {"plan_version": version, "plan": job.plan.to_dict()}, step=job.committed_at
+        )
 
     def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
-        return agent_pb2.ControlMessage(plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version,
-                                                                  plan=plan_to_proto(job.plan)))
+        return agent_pb2.ControlMessage(
+            plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version, plan=plan_to_proto(job.plan))
+        )
 
     def _cancel_workers(self, job: RunningJob) -> None:
         for node in job.nodes:
             if node in self.outboxes:
-                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(
-                    command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id))))
+                self.outboxes[node].put_nowait(
+                    agent_pb2.ControlMessage(command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id)))
+                )
 
     async def _fail(self, job: RunningJob, detail: str) -> None:
         self._cancel_workers(job)
@@ -474,6 +590,7 @@ class ControlPlane:
             row = queries.get_job(session, job.id)
             row.state, row.detail, row.step = state, detail, job.step
             return row
+
         return await self.store.write(update)
 
     async def _event(self, job: RunningJob, kind: str, details: dict, step: int | None = None) -> None:
@@ -486,19 +603,22 @@ class ControlPlane:
         watchers share the flag, and a job can end while no event is being written)."""
         try:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
-def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float],
-            restart_s: float) -> Proposal:
+def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float], restart_s: float) -> Proposal:
     """Drover's plan for the job's cluster at these straggling rates, weighed against the
     running plan by the reference cost model (pure; runs in the planning thread)."""
     cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
     plan = make_plan(cluster, model, "drover")
-    return Proposal(rates, plan, evaluate(current, cluster, model).step_time_s,
-                    evaluate(plan, cluster, model).step_time_s,
-                    migration_seconds(current, plan, cluster, model, restart_s))
+    return Proposal(
+        rates,
+        plan,
+        evaluate(current, cluster, model).step_time_s,
+        evaluate(plan, cluster, model).step_time_s,
+        migration_seconds(current, plan, cluster, model, restart_s),
+    )
 
 
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
@@ -514,17 +634,27 @@ def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
         intra = 0.3 if first.kind == "cpu" else 2400.0
         if first.kind == "cpu":
             ethernet = min(ethernet, 1.0)
-        out.append(Node(name, len(devices), Gpu(first.name or first.kind, first.tflops or 0.05,
-                                                first.memory_gib or 16.0),
-                        intra_gbps=intra, ethernet_gbps=ethernet, nics=rdma))
+        out.append(
+            Node(
+                name,
+                len(devices),
+                Gpu(first.name or first.kind, first.tflops or 0.05, first.memory_gib or 16.0),
+                intra_gbps=intra,
+                ethernet_gbps=ethernet,
+                nics=rdma,
+            )
+        )
     return Cluster("agents", tuple(out))
 
 
 def _check_telemetry(message: agent_pb2.Telemetry) -> None:
     def check(path: str, value: float, limit: float = math.inf) -> None:
         if not (math.isfinite(value) and 0.0 <= value <= limit):
-            raise InvalidArgument(f"telemetry.{path} = {value!r}: a finite number >= 0"
-                                  + (f" and <= {limit:g}" if math.isfinite(limit) else ""))
+            raise InvalidArgument(
+                f"telemetry.{path} = {value!r}: a finite number >= 0"
+                + (f" and <= {limit:g}" if math.isfinite(limit) else "")
+            )
+
     check("time", message.time)
     for i, s in enumerate(message.devices):
         if not s.device:
@@ -537,4 +667,3 @@ def _check_telemetry(message: agent_pb2.Telemetry) -> None:
     for i, n in enumerate(message.nics):
         check(f"nics[{i}].tx_bytes_per_s", n.tx_bytes_per_s)
         check(f"nics[{i}].rx_bytes_per_s", n.rx_bytes_per_s)
-

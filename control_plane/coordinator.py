@@ -14,8 +14,9 @@ back `PushPlan` or `SkipPlan` with a reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .detector import DetectorSettings
 
@@ -23,6 +24,7 @@ from .detector import DetectorSettings
 @dataclass(frozen=True)
 class JobState:
     """What the controller knows of a running job, as plain values."""
+
     version: int  # the desired generation: the newest plan pushed
     committed: int  # the observed generation: the newest plan every node runs
     node_versions: Mapping[str, int]  # node -> plan version its workers all run
@@ -37,6 +39,7 @@ class JobState:
 @dataclass(frozen=True)
 class Proposal:
     """A plan for `rates`, with the figures the decision weighs (reference cost model)."""
+
     rates: Mapping[str, float]
     plan: Any
     current_step_s: float  # the running plan's step time at these rates
@@ -86,6 +89,7 @@ class PushPlan:
 @dataclass(frozen=True)
 class SkipPlan:
     """Settle on the current plan for these rates; replan only when they move again."""
+
     rates: Mapping[str, float]
     reason: str
     details: Mapping[str, Any] = field(default_factory=dict)
@@ -114,8 +118,9 @@ def decide(state: JobState, observation: Observation, settings: DetectorSettings
     changed = moved(state.planned_rates, observation.rates, settings.replan_delta)
     if not changed:
         return actions
-    actions += [AnnounceStraggler(d, r) for d, r in sorted(changed.items())
-                if r > 1.0 and (d, r) not in state.announced]
+    actions += [
+        AnnounceStraggler(d, r) for d, r in sorted(changed.items()) if r > 1.0 and (d, r) not in state.announced
+    ]
     # Devices without a window now (idle in this plan) keep the rate they were last known by.
     actions.append(ProposePlan({**state.planned_rates, **observation.rates}))
     return actions
@@ -128,15 +133,32 @@ def _judge(state: JobState, observation: Observation, settings: DetectorSettings
     changed = moved(state.planned_rates, p.rates, settings.replan_delta)
     remaining = max(0, state.steps - state.step - 1)
     per_step = p.current_step_s - p.proposed_step_s
-    details = {"rates": changed, "current_step_s": p.current_step_s, "proposed_step_s": p.proposed_step_s,
-               "gain_s": per_step * remaining, "migration_s": p.migration_s, "steps_left": remaining}
+    details = {
+        "rates": changed,
+        "current_step_s": p.current_step_s,
+        "proposed_step_s": p.proposed_step_s,
+        "gain_s": per_step * remaining,
+        "migration_s": p.migration_s,
+        "steps_left": remaining,
+    }
     if per_step < settings.min_gain * p.current_step_s:
-        return SkipPlan(p.rates, f"the best plan for rates {changed} predicts {p.proposed_step_s:.3g} s a step "
-                                 f"against {p.current_step_s:.3g} s now: less than the {settings.min_gain:.0%} "
-                                 f"minimum gain", details)
+        return SkipPlan(
+            p.rates,
+            f"the best plan for rates {changed} predicts {p.proposed_step_s:.3g} s a step "
+            f"against {p.current_step_s:.3g} s now: less than the {settings.min_gain:.0%} "
+            f"minimum gain",
+            details,
+        )
     if per_step * remaining <= p.migration_s:
-        return SkipPlan(p.rates, f"a new plan for rates {changed} would save {per_step * remaining:.3g} s over "
-                                 f"the {remaining} steps left, not more than its {p.migration_s:.3g} s migration",
-                        details)
-    return PushPlan(p.plan, p.rates, f"rates moved: {changed}; predicted gain {per_step * remaining:.3g} s over "
-                                     f"{remaining} steps > migration {p.migration_s:.3g} s")
+        return SkipPlan(
+            p.rates,
+            f"a new plan for rates {changed} would save {per_step * remaining:.3g} s over "
+            f"the {remaining} steps left, not more than its {p.migration_s:.3g} s migration",
+            details,
+        )
+    return PushPlan(
+        p.plan,
+        p.rates,
+        f"rates moved: {changed}; predicted gain {per_step * remaining:.3g} s over "
+        f"{remaining} steps > migration {p.migration_s:.3g} s",
+    )

@@ -28,29 +28,45 @@ from dataclasses import dataclass, field, fields
 @dataclass(frozen=True)
 class DetectorSettings:
     """Malleus's values as defaults; `drover server` flags and DROVER_* variables set them."""
+
     window: int = field(default=4, metadata={"help": "Steps a device is judged over."})
-    healthy_below: float = field(default=1.2, metadata={
-        "help": "A device becomes a straggler when all but one step of its window are this much slower "
-                "than the job's lower median."})
-    recovered_below: float = field(default=1.1, metadata={
-        "help": "A straggler is healthy again when its window's median falls below this."})
-    replan_delta: float = field(default=0.3, metadata={
-        "help": "A rate must move this far from what the current plan assumed to consider a new plan."})
+    healthy_below: float = field(
+        default=1.2,
+        metadata={
+            "help": "A device becomes a straggler when all but one step of its window are this much slower "
+            "than the job's lower median."
+        },
+    )
+    recovered_below: float = field(
+        default=1.1, metadata={"help": "A straggler is healthy again when its window's median falls below this."}
+    )
+    replan_delta: float = field(
+        default=0.3,
+        metadata={"help": "A rate must move this far from what the current plan assumed to consider a new plan."},
+    )
     cooldown_steps: int = field(default=4, metadata={"help": "Steps a new plan runs before it is judged."})
-    min_gain: float = field(default=0.05, metadata={
-        "help": "A new plan must predict a step at least this fraction faster (and repay its migration)."})
-    slow_link_factor: float = field(default=3.0, metadata={
-        "help": "Point-to-point waits this many times the median mark a slow link."})
+    min_gain: float = field(
+        default=0.05,
+        metadata={"help": "A new plan must predict a step at least this fraction faster (and repay its migration)."},
+    )
+    slow_link_factor: float = field(
+        default=3.0, metadata={"help": "Point-to-point waits this many times the median mark a slow link."}
+    )
 
     def __post_init__(self):
-        checks = [("window", self.window >= 2, "an integer >= 2"),
-                  ("healthy_below", self.healthy_below > 1.0, "a number > 1"),
-                  ("recovered_below", 1.0 <= self.recovered_below <= self.healthy_below,
-                   f"a number in [1, healthy_below = {self.healthy_below}]"),
-                  ("replan_delta", self.replan_delta > 0, "a number > 0"),
-                  ("cooldown_steps", self.cooldown_steps >= 0, "an integer >= 0"),
-                  ("min_gain", 0 <= self.min_gain < 1, "a number in [0, 1)"),
-                  ("slow_link_factor", self.slow_link_factor > 1, "a number > 1")]
+        checks = [
+            ("window", self.window >= 2, "an integer >= 2"),
+            ("healthy_below", self.healthy_below > 1.0, "a number > 1"),
+            (
+                "recovered_below",
+                1.0 <= self.recovered_below <= self.healthy_below,
+                f"a number in [1, healthy_below = {self.healthy_below}]",
+            ),
+            ("replan_delta", self.replan_delta > 0, "a number > 0"),
+            ("cooldown_steps", self.cooldown_steps >= 0, "an integer >= 0"),
+            ("min_gain", 0 <= self.min_gain < 1, "a number in [0, 1)"),
+            ("slow_link_factor", self.slow_link_factor > 1, "a number > 1"),
+        ]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"detector setting {name} = {getattr(self, name)!r}: {allowed}")
@@ -90,12 +106,16 @@ class Detector:
 
     def rates(self) -> dict[str, float]:
         """Straggling rate per device with a full window of compared steps; healthy ones are 1.0."""
-        references = {step: statistics.median_low(peers.values())
-                      for step, peers in self._by_step.items() if len(peers) >= 2}
+        references = {
+            step: statistics.median_low(peers.values()) for step, peers in self._by_step.items() if len(peers) >= 2
+        }
         rates = {}
         for device, steps in self._steps.items():
-            ratios = [self._by_step[s][device] / references[s] if references[s] > 0 else 1.0
-                      for s, _ in steps if s in references]
+            ratios = [
+                self._by_step[s][device] / references[s] if references[s] > 0 else 1.0
+                for s, _ in steps
+                if s in references
+            ]
             if len(ratios) < self.settings.window:
                 continue
             median = statistics.median(ratios)
@@ -109,11 +129,15 @@ class Detector:
 
     def slow_links(self) -> list[str]:
         """Devices whose point-to-point waits stand out while their compute does not."""
-        waits = {d: statistics.median(w for _, w in v) for d, v in self._steps.items()
-                 if len(v) == self.settings.window}
+        waits = {
+            d: statistics.median(w for _, w in v) for d, v in self._steps.items() if len(v) == self.settings.window
+        }
         if len(waits) < 2:
             return []
         median = statistics.median(waits.values())
         rates = self.rates()
-        return sorted(d for d, w in waits.items()
-                      if median > 0 and w > self.settings.slow_link_factor * median and rates.get(d, 1.0) == 1.0)
+        return sorted(
+            d
+            for d, w in waits.items()
+            if median > 0 and w > self.settings.slow_link_factor * median and rates.get(d, 1.0) == 1.0
+        )

@@ -44,10 +44,18 @@ def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, D: int):
         row_ids, row = [], []
         for k in range(S):
             first = k * D * t + p * t
-            group = devices[first:first + t]
+            group = devices[first : first + t]
             row_ids.append(tuple(d.id for d in group))
-            row.append(StageCost(group[0].node, t, min(cluster.speed(d, model.mfu) for d in group),
-                                 min(cluster.memory_bytes(d) for d in group), bounds[k], bounds[k + 1]))
+            row.append(
+                StageCost(
+                    group[0].node,
+                    t,
+                    min(cluster.speed(d, model.mfu) for d in group),
+                    min(cluster.memory_bytes(d) for d in group),
+                    bounds[k],
+                    bounds[k + 1],
+                )
+            )
         ids.append(row_ids)
         costs.append(row)
     return ids, costs

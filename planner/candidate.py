@@ -22,13 +22,15 @@ class Candidate:
     def to_plan(self, strategy: str, cluster: Cluster, model: ModelSpec) -> Plan:
         pipelines = tuple(
             Pipeline(m, tuple(Stage(ids, (c.start, c.end)) for ids, c in zip(row_ids, row)))
-            for row_ids, row, m in zip(self.devices, self.costs, self.micro_batches))
+            for row_ids, row, m in zip(self.devices, self.costs, self.micro_batches)
+        )
         plan = Plan(strategy, model.global_batch, model.micro_batch, pipelines, tuple(sorted(self.removed)))
         return with_prediction(plan, cluster, model)
 
 
-def score(devices, costs, removed, model: ModelSpec, cluster: Cluster,
-          micro_batches: list[int] | None = None) -> Candidate | None:
+def score(
+    devices, costs, removed, model: ModelSpec, cluster: Cluster, micro_batches: list[int] | None = None
+) -> Candidate | None:
     """Assign micro-batches (unless given) and compute the step time of the cost model."""
     terms = [pipeline_terms(row, model, cluster) for row in costs]
     if micro_batches is None:

@@ -135,12 +135,12 @@ class Cluster:
             return max(min(na.rdma_bw(t), nb.rdma_bw(t)) for t in common)
         return min(na.eth_bw, nb.eth_bw)  # InfiniBand and RoCE cannot speak RDMA to each other
 
-    def with_rates(self, rates: dict[str, float]) -> "Cluster":
+    def with_rates(self, rates: dict[str, float]) -> Cluster:
         for device, rate in rates.items():
             _check_rate("rates", device, rate, self.device_by_id)
         return replace(self, rates=dict(rates))
 
-    def with_node(self, node: Node) -> "Cluster":
+    def with_node(self, node: Node) -> Cluster:
         if node.name in self.node_index:
             raise SpecError(self.name, "nodes.name", node.name, "a node name not already in the cluster")
         return replace(self, nodes=self.nodes + (node,))

@@ -23,6 +23,7 @@ BYTES_PER_PARAM = 16  # bf16 weight and gradient, fp32 master, Adam m and v
 @dataclass(frozen=True)
 class StageCost:
     """What the cost model needs of one stage: its group's node, size, speed, memory."""
+
     node: int
     t: int
     speed: float  # min over the group's devices, FLOP/s
@@ -57,11 +58,16 @@ def stage_costs(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[list[Sta
         row = []
         for s in p.stages:
             ds = [devices[d] for d in s.devices]
-            row.append(StageCost(
-                node=ds[0].node, t=len(ds),
-                speed=min(cluster.speed(d, model.mfu) for d in ds),
-                memory=min(cluster.memory_bytes(d) for d in ds),
-                start=s.layers[0], end=s.layers[1]))
+            row.append(
+                StageCost(
+                    node=ds[0].node,
+                    t=len(ds),
+                    speed=min(cluster.speed(d, model.mfu) for d in ds),
+                    memory=min(cluster.memory_bytes(d) for d in ds),
+                    start=s.layers[0],
+                    end=s.layers[1],
+                )
+            )
         out.append(row)
     return out
 
@@ -79,8 +85,10 @@ def pipeline_terms(stages: list[StageCost], model: ModelSpec, cluster: Cluster) 
     """(first, each): a pipeline with m micro-batches takes first + (m - 1) * each."""
     last = len(stages) - 1
     taus = [stage_compute_s(st, k == last, model, cluster) for k, st in enumerate(stages)]
-    comms = [2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
-             for a, b in zip(stages, stages[1:])]
+    comms = [
+        2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
+        for a, b in zip(stages, stages[1:])
+    ]
     return sum(taus) + sum(comms), max(taus + comms)
 
 
@@ -106,7 +114,7 @@ def min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
     for i, a in enumerate(reps):
         if len(a) > 1:
             best = min(best, cluster.link_bw(a[0], a[1]))
-        for b in reps[i + 1:]:
+        for b in reps[i + 1 :]:
             best = min(best, cluster.link_bw(a[0], b[0]))
     return best
 
@@ -142,8 +150,9 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
     return max(max(r) for r in paid)
 
 
-def step_time_s(costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec,
-                cluster: Cluster) -> tuple[list[float], float, float]:
+def step_time_s(
+    costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec, cluster: Cluster
+) -> tuple[list[float], float, float]:
     """(pipeline times, T_dp, step time) of stages already resolved to costs."""
     times = [pipeline_time_s(row, m, model, cluster) for row, m in zip(costs, micro_batches)]
     dp = dp_sync_s(costs, model, cluster)
@@ -172,9 +181,11 @@ def stage_memory_bytes(n: int, k: int, S: int, m: int, t: int, model: ModelSpec)
 def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise PlanError naming the first rule of section 3 the plan breaks."""
     if (plan.global_batch, plan.micro_batch) != (model.global_batch, model.micro_batch):
-        raise PlanError("batch-mismatch",
-                        f"plan has global_batch={plan.global_batch}, micro_batch={plan.micro_batch}; "
-                        f"the model has {model.global_batch} and {model.micro_batch}")
+        raise PlanError(
+            "batch-mismatch",
+            f"plan has global_batch={plan.global_batch}, micro_batch={plan.micro_batch}; "
+            f"the model has {model.global_batch} and {model.micro_batch}",
+        )
     devices = cluster.device_by_id
     used = plan.devices
     for d in used + list(plan.removed):
@@ -189,8 +200,9 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     listed = set(used) | set(plan.removed)
     missing = [d.id for d in cluster.usable if d.id not in listed]
     if missing:
-        raise PlanError("device-neither-used-nor-removed",
-                        f"usable device {missing[0]!r} is in no stage and not in 'removed'")
+        raise PlanError(
+            "device-neither-used-nor-removed", f"usable device {missing[0]!r} is in no stage and not in 'removed'"
+        )
     L = model.layers
     for i, p in enumerate(plan.pipelines):
         expected = 0
@@ -199,31 +211,41 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
             if len({devices[d].node for d in s.devices}) > 1:
                 raise PlanError("tp-group-across-nodes", f"{where} devices {list(s.devices)} span several nodes")
             if not model.tp_divides(len(s.devices)):
-                raise PlanError("tp-does-not-divide-heads",
-                                f"{where} has {len(s.devices)} devices; its TP size must divide heads "
-                                f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads})")
+                raise PlanError(
+                    "tp-does-not-divide-heads",
+                    f"{where} has {len(s.devices)} devices; its TP size must divide heads "
+                    f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads})",
+                )
             if s.n < 1:
                 raise PlanError("empty-stage", f"{where} layers {list(s.layers)} hold no block (n must be >= 1)")
             if s.layers[0] > expected:
-                raise PlanError("layer-gap", f"{where} starts at block {s.layers[0]}; blocks "
-                                             f"[{expected}, {s.layers[0]}) are held by no stage")
+                raise PlanError(
+                    "layer-gap",
+                    f"{where} starts at block {s.layers[0]}; blocks [{expected}, {s.layers[0]}) are held by no stage",
+                )
             if s.layers[0] < expected:
-                raise PlanError("layer-overlap", f"{where} starts at block {s.layers[0]}, inside the "
-                                                 f"previous stage (which ends at {expected})")
+                raise PlanError(
+                    "layer-overlap",
+                    f"{where} starts at block {s.layers[0]}, inside the previous stage (which ends at {expected})",
+                )
             expected = s.layers[1]
         if expected < L:
-            raise PlanError("layer-gap", f"pipelines[{i}] ends at block {expected}; blocks [{expected}, {L}) "
-                                         f"are held by no stage")
+            raise PlanError(
+                "layer-gap", f"pipelines[{i}] ends at block {expected}; blocks [{expected}, {L}) are held by no stage"
+            )
         if expected > L:
             raise PlanError("layers-out-of-range", f"pipelines[{i}] ends at block {expected}; the model has {L}")
         if p.micro_batches < 1:
-            raise PlanError("micro-batches-below-one", f"pipelines[{i}] has micro_batches={p.micro_batches}; "
-                                                       f"each pipeline needs at least 1")
+            raise PlanError(
+                "micro-batches-below-one",
+                f"pipelines[{i}] has micro_batches={p.micro_batches}; each pipeline needs at least 1",
+            )
     total = sum(p.micro_batches for p in plan.pipelines)
     if total != model.micro_batches:
-        raise PlanError("micro-batches-do-not-sum",
-                        f"pipelines' micro_batches sum to {total}; M = global_batch/micro_batch = "
-                        f"{model.micro_batches}")
+        raise PlanError(
+            "micro-batches-do-not-sum",
+            f"pipelines' micro_batches sum to {total}; M = global_batch/micro_batch = {model.micro_batches}",
+        )
     for i, p in enumerate(plan.pipelines):
         S = len(p.stages)
         for k, s in enumerate(p.stages):
@@ -231,6 +253,8 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
             for d in s.devices:
                 cap = MEMORY_HEADROOM * cluster.memory_bytes(devices[d])
                 if need > cap:
-                    raise PlanError("out-of-memory",
-                                    f"pipelines[{i}].stages[{k}] needs {need / 2**30:.1f} GiB on {d}; "
-                                    f"the limit is 0.9 x memory = {cap / 2**30:.1f} GiB")
+                    raise PlanError(
+                        "out-of-memory",
+                        f"pipelines[{i}].stages[{k}] needs {need / 2**30:.1f} GiB on {d}; "
+                        f"the limit is 0.9 x memory = {cap / 2**30:.1f} GiB",
+                    )

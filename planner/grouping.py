@@ -46,8 +46,9 @@ def _largest_size(count: int, tp: int, sizes: list[int]) -> int:
     return max(s for s in sizes if s <= min(count, tp))
 
 
-def form_groups(cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float = math.inf,
-                remove_from_rate: float = math.inf) -> tuple[list[Group], list[str]]:
+def form_groups(
+    cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float = math.inf, remove_from_rate: float = math.inf
+) -> tuple[list[Group], list[str]]:
     """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
 
     Within a node GPUs are taken fastest first; a group closes early when the
@@ -70,15 +71,23 @@ def form_groups(cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float 
         i = 0
         while i < len(devices):
             similar = 1
-            while (i + similar < len(devices) and similar < tp
-                   and devices[i + similar].rate <= devices[i].rate * split_ratio):
+            while (
+                i + similar < len(devices)
+                and similar < tp
+                and devices[i + similar].rate <= devices[i].rate * split_ratio
+            ):
                 similar += 1
             size = _largest_size(similar, tp, sizes)
-            members = devices[i:i + size]
-            groups.append(Group(
-                devices=tuple(d.id for d in sorted(members, key=lambda d: d.index)), node=node,
-                speed=min(cluster.speed(d, model.mfu) for d in members),
-                memory=min(cluster.memory_bytes(d) for d in members),
-                rate=max(d.rate for d in members), intra_bw=cluster.link_bw(node, node)))
+            members = devices[i : i + size]
+            groups.append(
+                Group(
+                    devices=tuple(d.id for d in sorted(members, key=lambda d: d.index)),
+                    node=node,
+                    speed=min(cluster.speed(d, model.mfu) for d in members),
+                    memory=min(cluster.memory_bytes(d) for d in members),
+                    rate=max(d.rate for d in members),
+                    intra_bw=cluster.link_bw(node, node),
+                )
+            )
             i += size
     return groups, removed

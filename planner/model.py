@@ -72,8 +72,20 @@ class ModelSpec:
         return self.layers * self.block_params + 2 * self.embedding_params
 
 
-_KEYS = {"name", "family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab",
-         "global_batch", "micro_batch", "mfu"}
+_KEYS = {
+    "name",
+    "family",
+    "layers",
+    "hidden",
+    "ffn_hidden",
+    "heads",
+    "kv_heads",
+    "seq_len",
+    "vocab",
+    "global_batch",
+    "micro_batch",
+    "mfu",
+}
 FAMILIES = ("gpt", "llama")
 
 

@@ -28,14 +28,13 @@ ARRANGEMENTS = ("columns", "rows")
 def nic_order(cluster: Cluster) -> dict[str, int]:
     """NIC classes, fastest data-parallel network first."""
     best: dict[str, float] = {}
-    for i, n in enumerate(cluster.nodes):
+    for n in cluster.nodes:
         bw = max([n.rdma_bw(t) for t in n.rdma_types] or [n.eth_bw])
         best[n.nic_class] = max(best.get(n.nic_class, 0.0), bw)
     return {c: r for r, c in enumerate(sorted(best, key=lambda c: (-best[c], c)))}
 
 
-def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int
-            ) -> list[list[Group]]:
+def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int) -> list[list[Group]]:
     """Deal groups into pipelines of about `stages` stages (at most `max_pipelines`,
     one per micro-batch; with fewer, the pipelines grow longer).
 
@@ -59,13 +58,12 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
     sizes = [len(ordered) // count + (p < len(ordered) % count) for p in range(count)]
     out, at = [], 0
     for size in sizes:
-        out.append(ordered[at:at + size])
+        out.append(ordered[at : at + size])
         at += size
     return out
 
 
-def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster
-                     ) -> list[list[StageCost]] | None:
+def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster) -> list[list[StageCost]] | None:
     """Blocks per stage for every pipeline, or None if some pipeline cannot hold the model.
 
     Per pipeline, minimises max_k (n_k * w_k + e_k), where w_k is the stage's
@@ -78,8 +76,12 @@ def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cl
     depth = max(len(p) for p in pipelines)
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
-    position_bw = [min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
-                   if sum(len(p) > k for p in pipelines) > 1 else float("inf") for k in range(depth)]
+    position_bw = [
+        min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
+        if sum(len(p) > k for p in pipelines) > 1
+        else float("inf")
+        for k in range(depth)
+    ]
     out = []
     solved: dict[tuple, list[int] | None] = {}  # most pipelines look alike: solve each kind once
     for pipe in pipelines:

@@ -53,8 +53,10 @@ class Plan:
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "pipelines": [
-                {"micro_batches": p.micro_batches,
-                 "stages": [{"devices": list(s.devices), "layers": list(s.layers)} for s in p.stages]}
+                {
+                    "micro_batches": p.micro_batches,
+                    "stages": [{"devices": list(s.devices), "layers": list(s.layers)} for s in p.stages],
+                }
                 for p in self.pipelines
             ],
             "removed": list(self.removed),
@@ -104,8 +106,7 @@ def plan_from_dict(data: dict, source: str = "plan") -> Plan:
     predicted = None
     if "predicted" in data:
         pr = f.mapping("predicted")
-        predicted = Predicted(pr.number("step_time_s"), pr.number("samples_per_s"),
-                              pr.number("ideal_samples_per_s"))
+        predicted = Predicted(pr.number("step_time_s"), pr.number("samples_per_s"), pr.number("ideal_samples_per_s"))
     return Plan(
         strategy=f.string("strategy", "unnamed"),
         global_batch=f.integer("global_batch"),

@@ -86,16 +86,19 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
             try_layout((t, depth, how, split, cut))
     # Round three: removal cuts and rate-blind grouping for the best layouts.
     rates = sorted({d.rate for d in cluster.usable if d.rate > 1.0})
-    for _, (t, S, how, _, _), _ in sorted(found, key=lambda f: f[0])[:2 * FINALISTS]:
+    for _, (t, S, how, _, _), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in (SPLIT_RATIO, math.inf):
             for cut in rates + [math.inf]:
                 try_layout((t, S, how, split, cut))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         consider((name,), baseline(cluster, model))
     if not found:
-        raise PlanError("no-feasible-plan", f"no plan for model {model.name!r} on cluster {cluster.name!r} keeps "
-                                            f"every device's memory within 0.9 x its size (with at most "
-                                            f"M={model.micro_batches} pipelines of at most L={model.layers} stages)")
+        raise PlanError(
+            "no-feasible-plan",
+            f"no plan for model {model.name!r} on cluster {cluster.name!r} keeps "
+            f"every device's memory within 0.9 x its size (with at most "
+            f"M={model.micro_batches} pipelines of at most L={model.layers} stages)",
+        )
     return min(found, key=lambda f: f[0])[2]
 
 
@@ -112,6 +115,8 @@ def make_plan(cluster: Cluster, model: ModelSpec, strategy: str = "drover") -> P
         raise PlanError("unknown-strategy", f"strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
     candidate = STRATEGIES[strategy](cluster, model)
     if candidate is None:
-        raise PlanError("no-feasible-plan", f"strategy {strategy!r} finds no plan that fits for model "
-                                            f"{model.name!r} on cluster {cluster.name!r}")
+        raise PlanError(
+            "no-feasible-plan",
+            f"strategy {strategy!r} finds no plan that fits for model {model.name!r} on cluster {cluster.name!r}",
+        )
     return candidate.to_plan(strategy, cluster, model)

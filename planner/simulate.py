@@ -83,14 +83,15 @@ def events_from_dict(data: dict, cluster: Cluster, source: str = "events") -> Ev
     devices = set(cluster.device_by_id)
     node_names = set(cluster.node_index)
     events: list[Event] = []
-    for step, i, e in entries:
+    for step, _, e in entries:
         if "join" in e.data:
             if "device" in e.data or "rate" in e.data:
                 raise e.error("join", e.data["join"], "either {device, rate} or join, not both")
             node = _parse_joining_node(e, cluster, source)
             if node.name in node_names or "/" in node.name:
-                raise SpecError(source, f"{e.path('join')}.name", node.name,
-                                "a node name without '/' not already in the cluster")
+                raise SpecError(
+                    source, f"{e.path('join')}.name", node.name, "a node name without '/' not already in the cluster"
+                )
             node_names.add(node.name)
             devices.update(f"{node.name}/{j}" for j in range(node.gpus))
             events.append(NodeJoin(step, node))
@@ -142,9 +143,15 @@ class StrategyRun:
         return self.steps * self.global_batch / self.total_s
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "steps": self.steps, "total_s": self.total_s,
-                "samples_per_s": self.samples_per_s, "replans": self.replans,
-                "migration_s": self.migration_s, "timeline": [t.to_dict() for t in self.timeline]}
+        return {
+            "strategy": self.strategy,
+            "steps": self.steps,
+            "total_s": self.total_s,
+            "samples_per_s": self.samples_per_s,
+            "replans": self.replans,
+            "migration_s": self.migration_s,
+            "timeline": [t.to_dict() for t in self.timeline],
+        }
 
     def switch(self, seconds: float) -> None:
         self.replans += 1
@@ -286,8 +293,7 @@ def _detection_note(detected: int, steps: int) -> str:
     return f"detected at step {detected}" if detected < steps else "not detected before the run ends"
 
 
-def _reconsider(plan: Plan, known: Cluster, world: _World, remaining: int,
-                run: StrategyRun) -> tuple[Plan, str]:
+def _reconsider(plan: Plan, known: Cluster, world: _World, remaining: int, run: StrategyRun) -> tuple[Plan, str]:
     """Replan on the known cluster; switch if forced or if the time saved beats the migration."""
     model = world.model
     candidate = make_plan(known, model, "drover")
@@ -348,8 +354,10 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
                 if held.get(d) == (stage.layers, t, r):  # the same shard: TP rank r of the same blocks
                     continue
                 node = devices[d].node
-                seconds = sum(BYTES_PER_PARAM * params / t / max(cluster.link_bw(node, h) for h in holders)
-                              for params, holders in pieces)
+                seconds = sum(
+                    BYTES_PER_PARAM * params / t / max(cluster.link_bw(node, h) for h in holders)
+                    for params, holders in pieces
+                )
                 slowest = max(slowest, seconds)
     return slowest
 

@@ -67,8 +67,9 @@ class Fields:
             raise self.error(key, value, f"an integer >= {minimum}")
         return value
 
-    def number(self, key: str, default=_MISSING, minimum: float = 0.0, exclusive: bool = True,
-               maximum: float | None = None) -> float:
+    def number(
+        self, key: str, default=_MISSING, minimum: float = 0.0, exclusive: bool = True, maximum: float | None = None
+    ) -> float:
         value = self.get(key, default)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         ok = ok and (value > minimum if exclusive else value >= minimum)
@@ -80,7 +81,7 @@ class Fields:
             raise self.error(key, value, f"a finite number {bound}")
         return float(value)
 
-    def mapping(self, key: str, default=_MISSING) -> "Fields":
+    def mapping(self, key: str, default=_MISSING) -> Fields:
         value = self.get(key, default)
         if not isinstance(value, dict):
             raise self.error(key, value, "a mapping")

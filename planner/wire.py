@@ -9,7 +9,6 @@ from drover.v1 import plan_pb2, state_pb2
 
 from .plan import Plan, plan_from_dict
 
-
 # For both ends of the agent stream: it carries small messages a few times a second, and
 # HTTP/2 bandwidth probing would add a ping and a wake-up to each.
 STREAM_OPTIONS = [("grpc.http2.bdp_probe", 0)]
@@ -30,8 +29,9 @@ def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
 
 
 def plan_from_proto(message: plan_pb2.Plan, source: str = "plan") -> Plan:
-    data = json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     if not message.HasField("predicted"):
         data.pop("predicted", None)
     return plan_from_dict(data, source)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import create_engine, delete, event, func, insert, select
 from sqlalchemy.engine import Engine
@@ -32,6 +33,7 @@ TRIM_EVERY_S = 10.0  # how often the retention rule runs (one indexed DELETE per
 def make_engine(url: str) -> Engine:
     engine = create_engine(url)
     if engine.dialect.name == "sqlite":
+
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record):
             cursor = dbapi_connection.cursor()
@@ -40,6 +42,7 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=5000")
             cursor.close()
+
     Base.metadata.create_all(engine)
     return engine
 

@@ -81,9 +81,16 @@ def add_plan(session: Session, job_id: str, plan_json: dict, reason: str, rates:
     job = get_job(session, job_id)
     version = (session.scalar(select(func.max(Plan.version)).where(Plan.job_id == job_id)) or 0) + 1
     predicted = (plan_json.get("predicted") or {}).get("samples_per_s", 0.0)
-    row = Plan(job_id=job_id, version=version, reason=reason, plan_json=json.dumps(plan_json),
-               predicted_samples_per_s=predicted, rates_json=json.dumps(rates or {}), committed=False,
-               created=time.time())
+    row = Plan(
+        job_id=job_id,
+        version=version,
+        reason=reason,
+        plan_json=json.dumps(plan_json),
+        predicted_samples_per_s=predicted,
+        rates_json=json.dumps(rates or {}),
+        committed=False,
+        created=time.time(),
+    )
     session.add(row)
     job.plan_version = version
     return row
@@ -118,8 +125,7 @@ def add_event(session: Session, job_id: str, step: int, kind: str, details: dict
 
 
 def events(session: Session, job_id: str, after_id: int = 0) -> list[Event]:
-    return list(session.scalars(select(Event).where(Event.job_id == job_id, Event.id > after_id)
-                                .order_by(Event.id)))
+    return list(session.scalars(select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)))
 
 
 def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100) -> list[TelemetrySample]:

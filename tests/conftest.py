@@ -42,6 +42,7 @@ async def plane_factory(tmp_path):
         served, stop = await serve_plane(tmp_path, **options)
         stops.append(stop)
         return served
+
     yield make
     for stop in stops:
         await stop()

@@ -46,12 +46,18 @@ class ScriptedAgent:
     def __init__(self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2):
         self.node = node
         self.outbox: asyncio.Queue = asyncio.Queue()
-        self.outbox.put_nowait(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
-            node=node, agent_version="test", devices=[cpu_device(f"{node}/{i}") for i in range(devices)])))
+        self.outbox.put_nowait(
+            agent_pb2.AgentMessage(
+                hello=agent_pb2.Hello(
+                    node=node, agent_version="test", devices=[cpu_device(f"{node}/{i}") for i in range(devices)]
+                )
+            )
+        )
 
         async def requests():
             while True:
                 yield await self.outbox.get()
+
         self.call = stub.Connect(requests())
 
     def send(self, **body) -> None:
@@ -59,8 +65,16 @@ class ScriptedAgent:
 
     def report(self, job_id: str, step: int, compute: dict[str, float], version: int = 1) -> None:
         """Telemetry for one step: compute seconds per block of each named device."""
-        self.send(telemetry=agent_pb2.Telemetry(time=time.time(), job_id=job_id, active_plan_version=version, devices=[
-            agent_pb2.DeviceSample(device=d, step=step, compute_s_per_block=c) for d, c in compute.items()]))
+        self.send(
+            telemetry=agent_pb2.Telemetry(
+                time=time.time(),
+                job_id=job_id,
+                active_plan_version=version,
+                devices=[
+                    agent_pb2.DeviceSample(device=d, step=step, compute_s_per_block=c) for d, c in compute.items()
+                ],
+            )
+        )
 
     async def receive(self, timeout_s: float = 10.0) -> agent_pb2.ControlMessage:
         return await asyncio.wait_for(self.call.read(), timeout_s)
@@ -69,6 +83,7 @@ class ScriptedAgent:
 @dataclass
 class Plane:
     """A control plane served in process on a real port, over a real SQLite file."""
+
     cp: ControlPlane
     jobs: jobs_pb2_grpc.JobServiceStub
     agents: agent_pb2_grpc.AgentServiceStub
@@ -82,11 +97,13 @@ class Plane:
         async def enough():
             nodes = await self.jobs.ListNodes(jobs_pb2.ListNodesRequest())
             return sum(n.connected for n in nodes.nodes) >= count
+
         await eventually(enough, what=f"{count} agents connected")
 
     async def submit(self, job_yaml: str = TINY_JOB) -> jobs_pb2.Job:
-        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, base_dir=JOBS_DIR,
-                                                                   out_dir=str(self.tmp / "out")))
+        return await self.jobs.SubmitJob(
+            jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, base_dir=JOBS_DIR, out_dir=str(self.tmp / "out"))
+        )
 
     async def events(self, job_id: str) -> list[jobs_pb2.Event]:
         return [e async for e in _until_quiet(self.jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)))]
@@ -112,18 +129,32 @@ async def serve_plane(tmp: Path, **options):
     async def stop():
         await channel.close()
         await stop_server(server, cp)
+
     return plane, stop
 
 
 # -- plans over local/0..3 for the tiny model (4 blocks, 8 micro-batches) -----------------
 
+
 def local_plan(*pipelines, removed=()):
     """local_plan((micro_batches, [([device indices], (start, end)), ...]), ...) for local devices."""
-    return plan_from_dict({
-        "strategy": "test", "global_batch": 16, "micro_batch": 2, "removed": [f"local/{d}" for d in removed],
-        "pipelines": [{"micro_batches": m, "stages": [{"devices": [f"local/{d}" for d in devices], "layers": list(span)}
-                                                      for devices, span in stages]}
-                      for m, stages in pipelines]})
+    return plan_from_dict(
+        {
+            "strategy": "test",
+            "global_batch": 16,
+            "micro_batch": 2,
+            "removed": [f"local/{d}" for d in removed],
+            "pipelines": [
+                {
+                    "micro_batches": m,
+                    "stages": [
+                        {"devices": [f"local/{d}" for d in devices], "layers": list(span)} for devices, span in stages
+                    ],
+                }
+                for m, stages in pipelines
+            ],
+        }
+    )
 
 
 DP2_PP2 = local_plan((4, [([0], (0, 2)), ([1], (2, 4))]), (4, [([2], (0, 2)), ([3], (2, 4))]))
@@ -157,12 +188,22 @@ CLUSTER_VARIANTS = {
 }
 
 MODEL_VARIANTS = {
-    "gpt-7b": dict(layers=32, hidden=4096, ffn_hidden=16384, heads=32, seq_len=4096, vocab=32000,
-                   global_batch=256, micro_batch=1),
+    "gpt-7b": dict(
+        layers=32, hidden=4096, ffn_hidden=16384, heads=32, seq_len=4096, vocab=32000, global_batch=256, micro_batch=1
+    ),
     "gpt-1b": dict(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=32000, global_batch=128, micro_batch=2),
     # two key/value heads: rule 6 allows TP of 1 or 2 only
-    "llama-gqa": dict(family="llama", layers=32, hidden=4096, heads=32, kv_heads=2, seq_len=4096, vocab=128256,
-                      global_batch=256, micro_batch=1),
+    "llama-gqa": dict(
+        family="llama",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=2,
+        seq_len=4096,
+        vocab=128256,
+        global_batch=256,
+        micro_batch=1,
+    ),
 }
 
 

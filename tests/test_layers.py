@@ -60,7 +60,7 @@ def imports_of(package: str, folder: Path) -> list[tuple[str, str]]:
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = parts if is_package else parts[:-1]
-                    base = base[:len(base) - node.level + 1]
+                    base = base[: len(base) - node.level + 1]
                     name = ".".join(base + ([node.module] if node.module else []))
                 else:
                     name = node.module

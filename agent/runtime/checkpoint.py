@@ -28,8 +28,15 @@ from .parts import assemble
 from .tensor_parallel import unshard
 
 
-def save_checkpoint(directory: Path, rank: int, plan: Plan, ranks: dict[str, int], layers: int,
-                    parts: dict[layout.Part, torch.nn.Module], state: dict) -> None:
+def save_checkpoint(
+    directory: Path,
+    rank: int,
+    plan: Plan,
+    ranks: dict[str, int],
+    layers: int,
+    parts: dict[layout.Part, torch.nn.Module],
+    state: dict,
+) -> None:
     """One file per part shard, written by the lowest rank holding it; every worker calls this."""
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
@@ -46,12 +53,15 @@ def save_checkpoint(directory: Path, rank: int, plan: Plan, ranks: dict[str, int
     dist.barrier()
 
 
-def load_part(cfg: GPTConfig, directory: Path, part, t: int, r: int,
-              device: torch.device) -> tuple[torch.nn.Module, dict]:
+def load_part(
+    cfg: GPTConfig, directory: Path, part, t: int, r: int, device: torch.device
+) -> tuple[torch.nn.Module, dict]:
     """Shard (t, r) of a part from a checkpoint, re-slicing if it was saved at another TP size."""
+
     def load(size: int, i: int) -> tuple[dict, dict]:
         saved = torch.load(directory / _checkpoint_name(part, size, i), map_location=device)
         return saved["params"], saved["state"]
+
     if (directory / _checkpoint_name(part, t, r)).exists():
         return assemble(cfg, part, t, r, {(t, r): load(t, r)}, device)
     sizes = [int(f.name.split("-")[-2]) for f in directory.glob(f"{part}-*-*.pt")]
@@ -65,12 +75,19 @@ def _checkpoint_name(part, t: int, r: int) -> str:
     return f"{part}-{t}-{r}.pt"
 
 
-def save_model(path: Path, rank: int, world: int, role: layout.Role | None,
-               parts: dict[layout.Part, torch.nn.Module], layers: int) -> None:
+def save_model(
+    path: Path, rank: int, world: int, role: layout.Role | None, parts: dict[layout.Part, torch.nn.Module], layers: int
+) -> None:
     """Gather every shard to rank 0 and write the full model there; every worker calls this
     (a worker with no role in the plan contributes nothing)."""
-    mine = {part: ((len(role.group), role.tp_rank), {n: p.data.cpu() for n, p in module.named_parameters()})
-            for part, module in parts.items()} if role else {}
+    mine = (
+        {
+            part: ((len(role.group), role.tp_rank), {n: p.data.cpu() for n, p in module.named_parameters()})
+            for part, module in parts.items()
+        }
+        if role
+        else {}
+    )
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:

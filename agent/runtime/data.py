@@ -22,8 +22,9 @@ def sample_tokens(seed: int, step: int, sample: int, seq_len: int, vocab: int) -
     return (start + stride * torch.arange(seq_len + 1)) % vocab
 
 
-def batch(seed: int, step: int, first_sample: int, count: int, seq_len: int, vocab: int
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    seed: int, step: int, first_sample: int, count: int, seq_len: int, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) of samples [first_sample, first_sample + count) of a step."""
     tokens = torch.stack([sample_tokens(seed, step, first_sample + j, seq_len, vocab) for j in range(count)])
     return tokens[:, :-1], tokens[:, 1:]

@@ -24,8 +24,12 @@ from . import layout
 from .tensor_parallel import shard, split_dim
 
 
-def sync_gradients(sync_groups: list[tuple[layout.SyncGroup, object]], parts: dict[layout.Part, torch.nn.Module],
-                   role: layout.Role, device: torch.device) -> None:
+def sync_gradients(
+    sync_groups: list[tuple[layout.SyncGroup, object]],
+    parts: dict[layout.Part, torch.nn.Module],
+    role: layout.Role,
+    device: torch.device,
+) -> None:
     """Sum each part's gradient over the pipelines that hold it; sync_groups pairs each of
     this worker's sync groups with its process group."""
     for group, pg in sync_groups:
@@ -35,7 +39,7 @@ def sync_gradients(sync_groups: list[tuple[layout.SyncGroup, object]], parts: di
             dist.all_reduce(flat, group=pg)
             offset = 0
             for _, _, p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
             continue
         # Holders differ in TP size: sum full-size gradients, own shard in place.
@@ -53,7 +57,7 @@ def sync_gradients(sync_groups: list[tuple[layout.SyncGroup, object]], parts: di
         dist.all_reduce(flat, group=pg)
         offset = 0
         for (part, name, p), full in zip(params, fulls):
-            summed = flat[offset:offset + full.numel()].view_as(full)
+            summed = flat[offset : offset + full.numel()].view_as(full)
             p.grad.copy_(shard(summed, part, name, t, r))
             offset += full.numel()
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from multiprocessing import connection, forkserver
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from multiprocessing import connection, forkserver
 
 from drover.planner.cluster import Cluster, Gpu, Node
 from drover.planner.cost import validate
@@ -37,10 +37,19 @@ def check_plan(plan: Plan, spec: ModelSpec, workers: int) -> None:
     validate(plan, local_cluster(workers), spec)
 
 
-def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], steps: int, seed: int,
-                  out_dir: str | Path, slow: dict[str, tuple[float, int]] | None = None,
-                  optim: AdamW = AdamW(), start_step: int = 0, checkpoint_dir: str | Path | None = None,
-                  resume_dir: str | Path | None = None) -> None:
+def train_workers(
+    spec: ModelSpec,
+    workers: int,
+    plans: list[tuple[int, Plan]],
+    steps: int,
+    seed: int,
+    out_dir: str | Path,
+    slow: dict[str, tuple[float, int]] | None = None,
+    optim: AdamW = AdamW(),
+    start_step: int = 0,
+    checkpoint_dir: str | Path | None = None,
+    resume_dir: str | Path | None = None,
+) -> None:
     """Train with `workers` processes; plans[0] starts at `start_step`, the others arrive at their steps.
 
     checkpoint_dir / resume_dir save every shard after the last step and load
@@ -58,9 +67,21 @@ def train_workers(spec: ModelSpec, workers: int, plans: list[tuple[int, Plan]], 
     ctx = worker_context()
     procs = []
     for rank in range(workers):
-        args = WorkerArgs(rank, workers, init, spec, seed, steps, plans, str(out),
-                          slow.get(f"{LOCAL_NODE}/{rank}"), optim, start_step,
-                          str(checkpoint_dir) if checkpoint_dir else None, str(resume_dir) if resume_dir else None)
+        args = WorkerArgs(
+            rank,
+            workers,
+            init,
+            spec,
+            seed,
+            steps,
+            plans,
+            str(out),
+            slow.get(f"{LOCAL_NODE}/{rank}"),
+            optim,
+            start_step,
+            str(checkpoint_dir) if checkpoint_dir else None,
+            str(resume_dir) if resume_dir else None,
+        )
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
         procs.append(proc)
@@ -113,7 +134,17 @@ def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path,
                 optim.update(p.data, p.grad, state[name], step + 1)
                 p.grad = None
             elapsed = time.perf_counter() - started
-            trace.write(json.dumps({"step": step, "loss": loss.item(), "plan_version": 0,
-                                    "step_time_s": elapsed, "samples_per_s": spec.global_batch / elapsed}) + "\n")
+            trace.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": loss.item(),
+                        "plan_version": 0,
+                        "step_time_s": elapsed,
+                        "samples_per_s": spec.global_batch / elapsed,
+                    }
+                )
+                + "\n"
+            )
     (out / "migrations.jsonl").write_text("")
     torch.save(model.state_dict(), out / "model.pt")

@@ -19,6 +19,7 @@ Part = int | str
 @dataclass(frozen=True)
 class Role:
     """One device's place in a plan."""
+
     pipeline: int
     stage: int
     num_stages: int
@@ -49,9 +50,17 @@ def roles(plan: Plan, ranks: dict[str, int]) -> dict[int, Role]:
         groups = [tuple(ranks[d] for d in s.devices) for s in pipeline.stages]
         for k, stage in enumerate(pipeline.stages):
             for r, rank in enumerate(groups[k]):
-                out[rank] = Role(p, k, len(groups), groups[k], r, stage.layers,
-                                 groups[k - 1] if k > 0 else (), groups[k + 1] if k + 1 < len(groups) else (),
-                                 (start, start + pipeline.micro_batches))
+                out[rank] = Role(
+                    p,
+                    k,
+                    len(groups),
+                    groups[k],
+                    r,
+                    stage.layers,
+                    groups[k - 1] if k > 0 else (),
+                    groups[k + 1] if k + 1 < len(groups) else (),
+                    (start, start + pipeline.micro_batches),
+                )
         start += pipeline.micro_batches
     return out
 
@@ -78,6 +87,7 @@ class SyncGroup:
     full: holders differ in TP size; every device of every holding stage
       sums full-size gradients (its shard in place, zeros elsewhere).
     """
+
     parts: tuple[Part, ...]
     ranks: tuple[int, ...]
     mode: str
@@ -119,6 +129,7 @@ def tp_groups(plan: Plan, ranks: dict[str, int]) -> list[tuple[int, ...]]:
 class Transfer:
     """Send shard (t, r) of a part from src to dst at a plan switch (src may be
     dst: a device re-slicing what it already holds)."""
+
     part: Part
     src: int
     dst: int

@@ -40,15 +40,26 @@ SWITCH_TAG = 1 << 20  # above every activation tag (2 * micro-batch + 1), so the
 @dataclass
 class Migrated:
     """A worker's parts and optimizer state under the new plan, and what it received to get them."""
+
     parts: dict[layout.Part, torch.nn.Module]
     state: dict[layout.Part, dict[str, dict[str, torch.Tensor]]]
     bytes_received: int = 0
     blocks_received: int = 0
 
 
-def migrate(old_plan: Plan | None, new_plan: Plan, ranks: dict[str, int], rank: int, role: layout.Role | None,
-            cfg: GPTConfig, parts: dict, state: dict, seed: int, resume_dir: str | None,
-            device: torch.device) -> Migrated:
+def migrate(
+    old_plan: Plan | None,
+    new_plan: Plan,
+    ranks: dict[str, int],
+    rank: int,
+    role: layout.Role | None,
+    cfg: GPTConfig,
+    parts: dict,
+    state: dict,
+    seed: int,
+    resume_dir: str | None,
+    device: torch.device,
+) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
     (None: no role in the new plan, so it holds nothing). Every worker calls this."""
     if old_plan is None:
@@ -76,8 +87,9 @@ def migrate(old_plan: Plan | None, new_plan: Plan, ranks: dict[str, int], rank: 
     return out
 
 
-def _exchange(moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig,
-              device: torch.device) -> tuple[dict, int, int]:
+def _exchange(
+    moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig, device: torch.device
+) -> tuple[dict, int, int]:
     """Send and receive this worker's moves. Returns part -> {(t, r): (params, state)} of the
     shards it is to build its parts from (its own included where it re-slices one it keeps),
     and the bytes and blocks it received."""
@@ -91,8 +103,10 @@ def _exchange(moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig,
     for index, move in enumerate(moves):
         if move.dst == rank == move.src:
             module = parts[move.part]
-            received[move.part][(move.t, move.r)] = ({n: p.data for n, p in module.named_parameters()},
-                                                     state[move.part])
+            received[move.part][(move.t, move.r)] = (
+                {n: p.data for n, p in module.named_parameters()},
+                state[move.part],
+            )
         elif move.dst == rank:
             template = empty_part(cfg, move.part, move.t, move.r, device)
             buf = torch.empty(sum(3 * p.numel() for p in template.parameters()), device=device)
@@ -108,10 +122,16 @@ def _exchange(moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig,
 def summarize(step: int, version: int, migrated: Migrated, started: float, device: torch.device) -> dict:
     """The job-wide line of migrations.jsonl: bytes and blocks moved over all workers, and the
     slowest worker's seconds since `started`. Every worker calls this."""
-    totals = torch.tensor([float(migrated.bytes_received), float(migrated.blocks_received)], dtype=torch.float64,
-                          device=device)
+    totals = torch.tensor(
+        [float(migrated.bytes_received), float(migrated.blocks_received)], dtype=torch.float64, device=device
+    )
     dist.all_reduce(totals)
     seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return {"step": step, "plan_version": version, "bytes_moved": int(totals[0]), "blocks_moved": int(totals[1]),
-            "seconds": float(seconds[0])}
+    return {
+        "step": step,
+        "plan_version": version,
+        "bytes_moved": int(totals[0]),
+        "blocks_moved": int(totals[1]),
+        "seconds": float(seconds[0]),
+    }

@@ -85,8 +85,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         h = self.enter(self.norm1(x))
-        q, k, v = (lin(h).view(batch, seq, -1, self.cfg.head_dim).transpose(1, 2)
-                   for lin in (self.q, self.k, self.v))
+        q, k, v = (lin(h).view(batch, seq, -1, self.cfg.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.exit(self.proj(y.transpose(1, 2).reshape(batch, seq, -1)))
         h = self.enter(self.norm2(x))

@@ -28,8 +28,8 @@ class AdamW:
         param.mul_(1 - self.lr * self.weight_decay)
         state["exp_avg"].lerp_(grad, 1 - self.beta1)
         state["exp_avg_sq"].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        bias1 = 1 - self.beta1 ** step
-        bias2_sqrt = math.sqrt(1 - self.beta2 ** step)
+        bias1 = 1 - self.beta1**step
+        bias2_sqrt = math.sqrt(1 - self.beta2**step)
         denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(self.eps)
         param.addcdiv_(state["exp_avg"], denom, value=-self.lr / bias1)
 

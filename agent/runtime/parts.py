@@ -55,17 +55,17 @@ def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
         nonlocal offset
         out = {}
         for name, shape, numel in shapes:
-            out[name] = buf[offset:offset + numel].view(shape)
+            out[name] = buf[offset : offset + numel].view(shape)
             offset += numel
         return out
+
     params = take()
     moments = [take() for _ in STATE_KEYS]
     state = {name: {k: m[name] for k, m in zip(STATE_KEYS, moments)} for name, _, _ in shapes}
     return params, state
 
 
-def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict,
-             device: torch.device) -> tuple[torch.nn.Module, dict]:
+def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict, device: torch.device) -> tuple[torch.nn.Module, dict]:
     """A part's module and optimizer state for shard (t, r) from shards held elsewhere:
     pieces is {(t, r): (params, state)}, either shard (t, r) itself or all shards of one TP size."""
     module = empty_part(cfg, part, t, r, device)
@@ -74,8 +74,10 @@ def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict,
     else:  # TP size changed: rebuild the full tensors, keep our slice
         t_old = next(iter(pieces))[0]
         ordered = [pieces[(t_old, i)] for i in range(t_old)]
+
         def reslice(pieces, name):  # a copy: replicated tensors would otherwise pin a whole received buffer
             return shard(unshard(pieces, part, name), part, name, t, r).clone()
+
         params = {n: reslice([o[0][n] for o in ordered], n) for n in ordered[0][0]}
         state = {n: {k: reslice([o[1][n][k] for o in ordered], n) for k in STATE_KEYS} for n in ordered[0][0]}
     for name, p in module.named_parameters():

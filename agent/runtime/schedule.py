@@ -32,6 +32,7 @@ from .tensor_parallel import WaitClock
 @dataclass
 class Stats:
     """Telemetry of one step on one worker."""
+
     loss: float = 0.0
     compute_s: float = 0.0
     p2p_wait_s: float = 0.0
@@ -44,14 +45,29 @@ class Stats:
 
     def to_dict(self, step: int, version: int) -> dict:
         per_piece = self.compute_s / (self.blocks * self.micro_batches) if self.blocks and self.micro_batches else None
-        return {"step": step, "plan_version": version, "compute_s": self.compute_s,
-                "compute_s_per_block": per_piece, "p2p_wait_s": self.p2p_wait_s,
-                "tp_wait_s": self.tp_wait_s,
-                "grad_sync_s": self.sync_s, "bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv)}
+        return {
+            "step": step,
+            "plan_version": version,
+            "compute_s": self.compute_s,
+            "compute_s_per_block": per_piece,
+            "p2p_wait_s": self.p2p_wait_s,
+            "tp_wait_s": self.tp_wait_s,
+            "grad_sync_s": self.sync_s,
+            "bytes_sent": dict(self.bytes_sent),
+            "bytes_recv": dict(self.bytes_recv),
+        }
 
 
-def run_stage(role: layout.Role, parts: dict[layout.Part, torch.nn.Module], spec: ModelSpec, seed: int, step: int,
-              device: torch.device, tp_clock: WaitClock, slow: tuple[float, int] | None) -> Stats:
+def run_stage(
+    role: layout.Role,
+    parts: dict[layout.Part, torch.nn.Module],
+    spec: ModelSpec,
+    seed: int,
+    step: int,
+    device: torch.device,
+    tp_clock: WaitClock,
+    slow: tuple[float, int] | None,
+) -> Stats:
     """Forward and backward every micro-batch of the stage, leaving gradients in `parts`.
 
     `slow` is an emulated straggler (rate, from step); `tp_clock` times the
@@ -111,6 +127,7 @@ def run_stage(role: layout.Role, parts: dict[layout.Part, torch.nn.Module], spec
             if role.last:
                 return loss_sum(parts[layout.HEAD](x), targets) / spec.global_batch
             return x
+
         out = compute(run)
         saved[i] = (x_in, out)
         if role.last:

@@ -112,18 +112,37 @@ class Worker:
             dist.all_reduce(loss)
             elapsed = time.perf_counter() - started
             if trace:
-                trace.write(json.dumps({"step": step, "loss": loss.item(), "plan_version": self.version,
-                                        "step_time_s": elapsed, "samples_per_s": self.spec.global_batch / elapsed,
-                                        "wall_start": wall_start, "wall_end": time.time()}) + "\n")
+                trace.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "loss": loss.item(),
+                            "plan_version": self.version,
+                            "step_time_s": elapsed,
+                            "samples_per_s": self.spec.global_batch / elapsed,
+                            "wall_start": wall_start,
+                            "wall_end": time.time(),
+                        }
+                    )
+                    + "\n"
+                )
                 trace.flush()
             self.telemetry.write(json.dumps({"device": self.device_id, **stats.to_dict(step, self.version)}) + "\n")
             self.telemetry.flush()
         self.telemetry.close()
         if self.args.checkpoint_dir:
-            save_checkpoint(Path(self.args.checkpoint_dir), self.rank, self.plan, self.ranks, self.spec.layers,
-                            self.parts, self.state)
-        save_model(out / "model.pt", self.rank, self.args.world, self.roles.get(self.rank), self.parts,
-                   self.spec.layers)
+            save_checkpoint(
+                Path(self.args.checkpoint_dir),
+                self.rank,
+                self.plan,
+                self.ranks,
+                self.spec.layers,
+                self.parts,
+                self.state,
+            )
+        save_model(
+            out / "model.pt", self.rank, self.args.world, self.roles.get(self.rank), self.parts, self.spec.layers
+        )
 
     def _read_inbox(self, inbox: Path) -> None:
         for path in inbox.glob("plan-*.json"):
@@ -143,8 +162,9 @@ class Worker:
 
     def _train_step(self, step: int) -> Stats:
         role = self.roles[self.rank]
-        stats = run_stage(role, self.parts, self.spec, self.args.seed, step, self.torch_device, self.tp_clock,
-                          self.slow)
+        stats = run_stage(
+            role, self.parts, self.spec, self.args.seed, step, self.torch_device, self.tp_clock, self.slow
+        )
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)
         stats.sync_s = time.perf_counter() - t0
@@ -165,8 +185,19 @@ class Worker:
         new_plan = self.received[version]
         self.roles = layout.roles(new_plan, self.ranks)
         role = self.roles.get(self.rank)
-        migrated = migrate(self.plan, new_plan, self.ranks, self.rank, role, self.cfg, self.parts, self.state,
-                           self.args.seed, self.args.resume_dir, self.torch_device)
+        migrated = migrate(
+            self.plan,
+            new_plan,
+            self.ranks,
+            self.rank,
+            role,
+            self.cfg,
+            self.parts,
+            self.state,
+            self.args.seed,
+            self.args.resume_dir,
+            self.torch_device,
+        )
         self.parts, self.state = migrated.parts, migrated.state
         self._build_groups(new_plan)
         if role and len(role.group) > 1:
@@ -212,9 +243,13 @@ def worker_main(args: WorkerArgs) -> None:
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
     # A lost peer must fail the job in minutes, not the default half hour.
-    dist.init_process_group("nccl" if torch_device.type == "cuda" else "gloo", init_method=args.init_method,
-                            rank=args.rank, world_size=args.world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(
+        "nccl" if torch_device.type == "cuda" else "gloo",
+        init_method=args.init_method,
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
     try:
         Worker(args, torch_device).run()
     finally:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from drover.agent.runtime import data, layout
+from drover.agent.runtime.model import EMBED, GPT, HEAD, GPTConfig, build_part
+
 from support import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN, local_plan
-from drover.agent.runtime import layout
-from drover.agent.runtime.model import EMBED, HEAD, GPT, GPTConfig, build_part
-from drover.agent.runtime import data
 
 RANKS = {f"local/{i}": i for i in range(4)}
 L = 4
@@ -26,8 +26,13 @@ def test_roles_of_a_two_by_two_plan():
 
 def test_sync_groups_follow_block_ranges_not_stages():
     groups = {(g.parts, g.ranks, g.mode) for g in layout.sync_groups(UNEVEN, RANKS, L)}
-    assert groups == {((EMBED,), (0, 2), "shard"), ((0,), (0, 2), "shard"), ((1, 2), (1, 2), "shard"),
-                      ((3,), (1, 3), "shard"), ((HEAD,), (1, 3), "shard")}
+    assert groups == {
+        ((EMBED,), (0, 2), "shard"),
+        ((0,), (0, 2), "shard"),
+        ((1, 2), (1, 2), "shard"),
+        ((3,), (1, 3), "shard"),
+        ((HEAD,), (1, 3), "shard"),
+    }
     assert layout.sync_groups(TP2, RANKS, L) == []  # one pipeline: nothing to sum
     mixed = {(g.parts, g.mode) for g in layout.sync_groups(MIXED_TP, RANKS, L)}
     assert mixed == {((EMBED,), "full"), ((0, 1, 2), "full"), ((3,), "shard"), ((HEAD,), "shard")}

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from support import DP2_PP2, MIXED_TP, REJOIN, ROOT, SHRINK, THREE, TP2, UNEVEN, local_plan
+from drover.agent.runtime.launch import check_plan, train_reference, train_workers
 from drover.planner.errors import PlanError
 from drover.planner.model import load_model
-from drover.agent.runtime.launch import check_plan, train_reference, train_workers
+
+from support import DP2_PP2, MIXED_TP, REJOIN, ROOT, SHRINK, THREE, TP2, UNEVEN, local_plan
 
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
 STEPS, SEED = 5, 3
@@ -47,13 +48,16 @@ def assert_matches_reference(out: Path, reference: Path) -> None:
     assert losses(out) == pytest.approx(losses(reference), rel=1e-5)
 
 
-@pytest.mark.parametrize("name, plans", [
-    ("dp2-pp2", [(0, DP2_PP2)]),
-    ("uneven-layers-and-micro-batches", [(0, UNEVEN)]),
-    ("tp2-stages", [(0, TP2)]),
-    ("switch-mid-run", [(0, DP2_PP2), (2, MIXED_TP)]),
-    ("three-switches", [(0, DP2_PP2), (2, SHRINK), (3, REJOIN), (4, THREE)]),
-])
+@pytest.mark.parametrize(
+    "name, plans",
+    [
+        ("dp2-pp2", [(0, DP2_PP2)]),
+        ("uneven-layers-and-micro-batches", [(0, UNEVEN)]),
+        ("tp2-stages", [(0, TP2)]),
+        ("switch-mid-run", [(0, DP2_PP2), (2, MIXED_TP)]),
+        ("three-switches", [(0, DP2_PP2), (2, SHRINK), (3, REJOIN), (4, THREE)]),
+    ],
+)
 def test_parallel_run_equals_reference(name, plans, spec, reference, tmp_path):
     train_workers(spec, 4, plans, STEPS, SEED, tmp_path)
     assert_matches_reference(tmp_path, reference)
@@ -71,13 +75,33 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
     (plans / "b.json").write_text(json.dumps(MIXED_TP.to_dict()))
     common = ["--model", str(TINY), "--steps", "4", "--seed", "11"]
     drover = str(ROOT / ".venv" / "bin" / "drover") if (ROOT / ".venv" / "bin" / "drover").exists() else "drover"
-    ref = subprocess.run([drover, "train", "--reference", *common, "--out", str(tmp_path / "ref")],
-                         capture_output=True, text=True, timeout=120)
+    ref = subprocess.run(
+        [drover, "train", "--reference", *common, "--out", str(tmp_path / "ref")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ref.returncode == 0, ref.stderr
-    run = subprocess.run([drover, "train", *common, "--workers", "4", "--plan",
-                          str(ROOT / "examples" / "plans" / "tiny-dp2-pp2.json"), "--switch", f"2:{plans / 'b.json'}",
-                          "--slow", "local/2=3@1", "--out", str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            drover,
+            "train",
+            *common,
+            "--workers",
+            "4",
+            "--plan",
+            str(ROOT / "examples" / "plans" / "tiny-dp2-pp2.json"),
+            "--switch",
+            f"2:{plans / 'b.json'}",
+            "--slow",
+            "local/2=3@1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert_matches_reference(tmp_path / "run", tmp_path / "ref")
     for rank in range(4):
@@ -90,14 +114,17 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
             assert r["bytes_sent"] == {peer: 4 * 2 * 32 * 64 * 4} and r["bytes_recv"] == r["bytes_sent"]
 
 
-@pytest.mark.parametrize("bad, rule", [
-    (local_plan((8, [([0], (0, 4))]), (0, [([1], (0, 4))]), removed=[2, 3]), "micro-batches-below-one"),
-    (local_plan((7, [([0], (0, 4))]), removed=[1, 2, 3]), "micro-batches-do-not-sum"),
-    (local_plan((8, [([0], (0, 3))]), removed=[1, 2, 3]), "layer-gap"),
-    (local_plan((8, [([0], (0, 4))]), removed=[1, 2, 3, 7]), "unknown-device"),
-    (local_plan((8, [([0], (0, 4))]), removed=[1, 2]), "device-neither-used-nor-removed"),
-    (local_plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-does-not-divide-heads"),
-])
+@pytest.mark.parametrize(
+    "bad, rule",
+    [
+        (local_plan((8, [([0], (0, 4))]), (0, [([1], (0, 4))]), removed=[2, 3]), "micro-batches-below-one"),
+        (local_plan((7, [([0], (0, 4))]), removed=[1, 2, 3]), "micro-batches-do-not-sum"),
+        (local_plan((8, [([0], (0, 3))]), removed=[1, 2, 3]), "layer-gap"),
+        (local_plan((8, [([0], (0, 4))]), removed=[1, 2, 3, 7]), "unknown-device"),
+        (local_plan((8, [([0], (0, 4))]), removed=[1, 2]), "device-neither-used-nor-removed"),
+        (local_plan((8, [([0, 1, 2], (0, 4))]), removed=[3]), "tp-does-not-divide-heads"),
+    ],
+)
 def test_bad_plans_refused_before_workers_start(bad, rule, spec, tmp_path):
     with pytest.raises(PlanError) as info:
         check_plan(bad, spec, 4)

@@ -54,11 +54,14 @@ def test_table_names_figures(capsys):
     assert "removed:" in out and "pipeline" in out
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--cluster", "missing.yaml", "--model", str(MODEL)], "missing.yaml"),
-    (["--cluster", str(CLUSTER), "--model", str(MODEL), "--strategy", "best"], "--strategy"),
-    (["--cluster", str(CLUSTER)], "--model"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--cluster", "missing.yaml", "--model", str(MODEL)], "missing.yaml"),
+        (["--cluster", str(CLUSTER), "--model", str(MODEL), "--strategy", "best"], "--strategy"),
+        (["--cluster", str(CLUSTER)], "--model"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(args, fragment):
     out = run_cli("plan", *args)
     assert out.returncode == 2
@@ -79,8 +82,18 @@ EVENTS = ROOT / "examples" / "events" / "straggler-then-failure.yaml"
 
 
 def test_simulate_json_reports_every_strategy():
-    out = run_cli("simulate", "--cluster", str(CLUSTER), "--model", str(MODEL), "--events", str(EVENTS),
-                  "--steps", "600", "--json")
+    out = run_cli(
+        "simulate",
+        "--cluster",
+        str(CLUSTER),
+        "--model",
+        str(MODEL),
+        "--events",
+        str(EVENTS),
+        "--steps",
+        "600",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     runs = {r["strategy"]: r for r in json.loads(out.stdout)}
     assert set(runs) == {"drover", "uniform", "drop"}
@@ -100,6 +113,7 @@ def test_simulate_bad_events_exit_2(tmp_path):
 
 def test_every_command_is_documented():
     from drover.cli import cli
+
     doc = (ROOT / "docs" / "cli.md").read_text()
     for name, command in cli.commands.items():
         subcommands = getattr(command, "commands", {})
@@ -120,8 +134,9 @@ def test_plan_for_a_llama_model_keeps_tp_within_kv_heads(capsys):
 def write_up_output(out, events: list[dict], migrations: list[dict] = (), steps: int = 30) -> None:
     """What `drover up` leaves in its output folder: a trace, the job's events, the migrations."""
     out.mkdir(exist_ok=True)
-    (out / "trace.jsonl").write_text("".join(
-        json.dumps({"step": s, "samples_per_s": 20.0 if s < 10 else 8.0}) + "\n" for s in range(steps)))
+    (out / "trace.jsonl").write_text(
+        "".join(json.dumps({"step": s, "samples_per_s": 20.0 if s < 10 else 8.0}) + "\n" for s in range(steps))
+    )
     (out / "events.jsonl").write_text("".join(json.dumps({"time": 0.0, **e}) + "\n" for e in events))
     (out / "migrations.jsonl").write_text("".join(json.dumps(m) + "\n" for m in migrations))
 
@@ -131,20 +146,46 @@ STARTED = [{"step": 0, "kind": "job_started"}, {"step": 0, "kind": "plan_committ
 DETECTED = {"step": 13, "kind": "straggler_detected", "device": "node-1/0", "rate": 2.9}
 
 
-@pytest.mark.parametrize("events, reason", [
-    (STARTED + [{"step": 4, "kind": "straggler_detected", "device": "node-0/1", "rate": 1.3}],
-     "no new plan: the detector flagged no device (straggler injected at step 10, job ended at step 29)"),
-    (STARTED + [DETECTED, {"step": 13, "kind": "replan_skipped", "reason": "predicted gain 0.4 s < migration 2 s",
-                           "rates": {"node-1/0": 2.9}, "gain_s": 0.4, "migration_s": 2.0}],
-     "no new plan: predicted gain 0.4 s < migration 2 s"),
-    (STARTED + [DETECTED, {"step": 13, "kind": "replan_skipped", "rates": {"node-1/0": 2.9}, "gain_s": 0.4,
-                           "migration_s": 2.0}],  # a control plane from before the reason field
-     "no new plan: predicted gain 0.4 s over the remaining steps <= migration 2 s"),
-    (STARTED + [DETECTED, {"step": 27, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"}],
-     "no new plan: plan v2, pushed at step 27, was not running before the job ended at step 29"),
-    (STARTED + [DETECTED],
-     "no new plan: the detector flagged node-1/0 at 2.90x (step 13), but no replan was decided"),
-])
+@pytest.mark.parametrize(
+    "events, reason",
+    [
+        (
+            STARTED + [{"step": 4, "kind": "straggler_detected", "device": "node-0/1", "rate": 1.3}],
+            "no new plan: the detector flagged no device (straggler injected at step 10, job ended at step 29)",
+        ),
+        (
+            STARTED
+            + [
+                DETECTED,
+                {
+                    "step": 13,
+                    "kind": "replan_skipped",
+                    "reason": "predicted gain 0.4 s < migration 2 s",
+                    "rates": {"node-1/0": 2.9},
+                    "gain_s": 0.4,
+                    "migration_s": 2.0,
+                },
+            ],
+            "no new plan: predicted gain 0.4 s < migration 2 s",
+        ),
+        (
+            STARTED
+            + [
+                DETECTED,
+                {"step": 13, "kind": "replan_skipped", "rates": {"node-1/0": 2.9}, "gain_s": 0.4, "migration_s": 2.0},
+            ],  # a control plane from before the reason field
+            "no new plan: predicted gain 0.4 s over the remaining steps <= migration 2 s",
+        ),
+        (
+            STARTED + [DETECTED, {"step": 27, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"}],
+            "no new plan: plan v2, pushed at step 27, was not running before the job ended at step 29",
+        ),
+        (
+            STARTED + [DETECTED],
+            "no new plan: the detector flagged node-1/0 at 2.90x (step 13), but no replan was decided",
+        ),
+    ],
+)
 def test_up_summary_says_why_no_plan_followed_the_straggler(tmp_path, events, reason):
     write_up_output(tmp_path, events)
     text = summary(tmp_path, JOB_DONE, [10])
@@ -153,13 +194,19 @@ def test_up_summary_says_why_no_plan_followed_the_straggler(tmp_path, events, re
 
 
 def test_up_summary_after_a_new_plan_gives_no_reason(tmp_path):
-    events = STARTED + [DETECTED, {"step": 13, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"},
-                        {"step": 15, "kind": "plan_committed", "plan_version": 2}]
+    events = STARTED + [
+        DETECTED,
+        {"step": 13, "kind": "plan_pushed", "plan_version": 2, "reason": "rates moved"},
+        {"step": 15, "kind": "plan_committed", "plan_version": 2},
+    ]
     write_up_output(tmp_path, events, [{"step": 15, "blocks_moved": 2, "bytes_moved": 1024, "seconds": 0.01}])
     text = summary(tmp_path, JOB_DONE, [10])
     assert "no new plan" not in text and "plans committed: v1@step 0, v2@step 15" in text
-    rates = {line.rsplit(None, 1)[0].strip(): line.rsplit(None, 1)[1] for line in text.splitlines()
-             if line.startswith(("before", "while", "after"))}
+    rates = {
+        line.rsplit(None, 1)[0].strip(): line.rsplit(None, 1)[1]
+        for line in text.splitlines()
+        if line.startswith(("before", "while", "after"))
+    }
     assert rates == {"before the straggler": "20.0", "while slow": "8.0", "after the new plan": "8.0"}
 
 
@@ -169,11 +216,14 @@ def test_up_summary_without_a_straggler_gives_no_reason(tmp_path):
     assert "no new plan" not in text and "while slow" not in text
 
 
-@pytest.mark.parametrize("args, env, fragment", [
-    (["--min-gain", "2"], {}, "min_gain = 2.0"),
-    ([], {"DROVER_WINDOW": "1"}, "window = 1"),
-    (["--recovered-below", "1.5"], {}, "recovered_below = 1.5"),
-])
+@pytest.mark.parametrize(
+    "args, env, fragment",
+    [
+        (["--min-gain", "2"], {}, "min_gain = 2.0"),
+        ([], {"DROVER_WINDOW": "1"}, "window = 1"),
+        (["--recovered-below", "1.5"], {}, "recovered_below = 1.5"),
+    ],
+)
 def test_server_refuses_bad_detection_settings_from_flags_and_environment(args, env, fragment, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)

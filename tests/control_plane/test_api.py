@@ -43,8 +43,14 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
     plans = await jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id))
     assert [p.version for p in plans.plans] == [1] and not plans.plans[0].committed
     # The agent reports version 1 active: the plan is committed (observed generation meets desired).
-    agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=1, devices=[
-        agent_pb2.DeviceSample(device="node-0/0", step=0, compute_s_per_block=0.01)]))
+    agent.send(
+        telemetry=agent_pb2.Telemetry(
+            time=1.0,
+            job_id=job.id,
+            active_plan_version=1,
+            devices=[agent_pb2.DeviceSample(device="node-0/0", step=0, compute_s_per_block=0.01)],
+        )
+    )
     for _ in range(100):
         if (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).committed_plan_version == 1:
             break
@@ -54,13 +60,16 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
     assert forced.version == 2 and (await agent.receive()).plan.version == 2
 
 
-@pytest.mark.parametrize("yaml_text, fragment", [
-    ("model: ../models/tiny.yaml\nsteps: 0\n", "'steps' = 0"),
-    ("model: ../models/missing.yaml\nsteps: 3\n", "missing.yaml"),
-    ("steps: 3\n", "'model'"),
-    ("model: {layers: 2}\nsteps: 3\n", "'hidden'"),
-    ("model: [unclosed\n", "valid YAML"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, fragment",
+    [
+        ("model: ../models/tiny.yaml\nsteps: 0\n", "'steps' = 0"),
+        ("model: ../models/missing.yaml\nsteps: 3\n", "missing.yaml"),
+        ("steps: 3\n", "'model'"),
+        ("model: {layers: 2}\nsteps: 3\n", "'hidden'"),
+        ("model: [unclosed\n", "valid YAML"),
+    ],
+)
 async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
     jobs = plane.jobs
     plane.agent("node-0")
@@ -72,13 +81,15 @@ async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
 
 async def test_unknown_ids_are_not_found(plane):
     jobs = plane.jobs
-    for call in (jobs.GetJob(jobs_pb2.GetJobRequest(job_id="nope")),
-                 jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id="nope")),
-                 jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id="nope")),
-                 jobs.GetPlan(jobs_pb2.GetPlanRequest(job_id="nope")),
-                 jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id="nope")),
-                 jobs.DrainNode(jobs_pb2.NodeRequest(node="nope")),
-                 jobs.Straggle(jobs_pb2.StraggleRequest(device="nope/0", rate=2.0))):
+    for call in (
+        jobs.GetJob(jobs_pb2.GetJobRequest(job_id="nope")),
+        jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id="nope")),
+        jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id="nope")),
+        jobs.GetPlan(jobs_pb2.GetPlanRequest(job_id="nope")),
+        jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id="nope")),
+        jobs.DrainNode(jobs_pb2.NodeRequest(node="nope")),
+        jobs.Straggle(jobs_pb2.StraggleRequest(device="nope/0", rate=2.0)),
+    ):
         code, details = await code_of(call)
         assert code == grpc.StatusCode.NOT_FOUND and "nope" in details
 
@@ -93,36 +104,54 @@ async def test_preconditions_and_bad_values(plane):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "rate" in details
 
 
-@pytest.mark.parametrize("sample, fragment", [
-    (dict(compute_s_per_block=math.nan), "compute_s_per_block"),
-    (dict(compute_s_per_block=-1.0), "compute_s_per_block"),
-    (dict(compute_s_per_block=1e9), "compute_s_per_block"),
-    (dict(compute_s_per_block=0.1, p2p_wait_s=math.inf), "p2p_wait_s"),
-    (dict(compute_s_per_block=0.1, step=-4), "step"),
-])
+@pytest.mark.parametrize(
+    "sample, fragment",
+    [
+        (dict(compute_s_per_block=math.nan), "compute_s_per_block"),
+        (dict(compute_s_per_block=-1.0), "compute_s_per_block"),
+        (dict(compute_s_per_block=1e9), "compute_s_per_block"),
+        (dict(compute_s_per_block=0.1, p2p_wait_s=math.inf), "p2p_wait_s"),
+        (dict(compute_s_per_block=0.1, step=-4), "step"),
+    ],
+)
 async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     jobs, tmp = plane.jobs, plane.tmp
     agent = plane.agent("node-0")
     await plane.connected(1)
     job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
     await agent.receive()
-    agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=1, devices=[
-        agent_pb2.DeviceSample(device="node-0/0", **{"step": 1, **sample})]))
+    agent.send(
+        telemetry=agent_pb2.Telemetry(
+            time=1.0,
+            job_id=job.id,
+            active_plan_version=1,
+            devices=[agent_pb2.DeviceSample(device="node-0/0", **{"step": 1, **sample})],
+        )
+    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await agent.receive()
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
     points = await jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id=job.id))
     assert list(points.points) == []
-    assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING  # server carries on
+    assert (
+        await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+    ).state == state_pb2.JOB_STATE_RUNNING  # server carries on
 
 
-@pytest.mark.parametrize("hello, fragment", [
-    (agent_pb2.Hello(node="rack/1", devices=[cpu_device("rack/1/0")]), "hello.node"),
-    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-8/0")]), "hello.devices.id"),
-    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0"), cpu_device("node-9/0")]), "more than once"),
-    (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2),
-     "hello.nics.name"),
-])
+@pytest.mark.parametrize(
+    "hello, fragment",
+    [
+        (agent_pb2.Hello(node="rack/1", devices=[cpu_device("rack/1/0")]), "hello.node"),
+        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-8/0")]), "hello.devices.id"),
+        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0"), cpu_device("node-9/0")]), "more than once"),
+        (
+            agent_pb2.Hello(
+                node="node-9", devices=[cpu_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2
+            ),
+            "hello.nics.name",
+        ),
+    ],
+)
 async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
     jobs, agents = plane.jobs, plane.agents
     outbox: asyncio.Queue = asyncio.Queue()
@@ -131,6 +160,7 @@ async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
     async def requests():
         while True:
             yield await outbox.get()
+
     call = agents.Connect(requests())
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await asyncio.wait_for(call.read(), 10)
@@ -192,9 +222,16 @@ async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, m
             failures.append("disk full")
             raise OSError("disk full")
         return write(*args)
+
     monkeypatch.setattr(cp.store, "_insert_and_trim", fails_once)
-    agent.send(telemetry=agent_pb2.Telemetry(time=time.time(), job_id=job.id, active_plan_version=1, devices=[
-        agent_pb2.DeviceSample(device="node-0/0", step=1, compute_s_per_block=0.1)]))
+    agent.send(
+        telemetry=agent_pb2.Telemetry(
+            time=time.time(),
+            job_id=job.id,
+            active_plan_version=1,
+            devices=[agent_pb2.DeviceSample(device="node-0/0", step=1, compute_s_per_block=0.1)],
+        )
+    )
     for _ in range(100):  # the periodic flush, not a query's, must store it
         if failures and cp.store.count(TelemetrySample) == 1:
             break

@@ -31,42 +31,79 @@ def proposal(current=1.0, proposed=0.6, migration=2.0, rates=SLOW):
     return Proposal(rates, plan="PLAN", current_step_s=current, proposed_step_s=proposed, migration_s=migration)
 
 
-@pytest.mark.parametrize("name, state, observation, expected", [
-    ("healthy: nothing to do", STEADY, Observation(HEALTHY), []),
-    ("no data yet", STEADY, Observation({}), []),
-    ("a straggler: announce it and ask for a plan", STEADY, Observation(SLOW),
-     [AnnounceStraggler("n1/0", 3.0), ProposePlan(SLOW)]),
-    ("already announced at this rate: only the plan", replace(STEADY, announced=frozenset({("n1/0", 3.0)})),
-     Observation(SLOW), [ProposePlan(SLOW)]),
-    ("the plan assumed this rate already", replace(STEADY, planned_rates={"n1/0": 3.0}), Observation(SLOW), []),
-    ("a move below replan_delta is no move", replace(STEADY, planned_rates={"n1/0": 2.8}), Observation(SLOW), []),
-    ("recovered: plan it back in", replace(STEADY, planned_rates={"n1/0": 3.0}), Observation(HEALTHY),
-     [ProposePlan(HEALTHY)]),
-    ("an idle device keeps its last known rate", replace(STEADY, planned_rates={"n1/0": 3.0, "n0/1": 2.0}),
-     Observation({"n0/0": 1.0, "n0/1": 1.0, "n1/1": 1.0}),
-     [ProposePlan({"n1/0": 3.0, "n0/1": 1.0, "n0/0": 1.0, "n1/1": 1.0})]),
-    ("every node runs v2: commit", replace(STEADY, version=2, node_versions={"n0": 2, "n1": 2}),
-     Observation(SLOW), [Commit(2)]),
-    ("one node still on v1: wait, one rollout at a time", replace(STEADY, version=2, node_versions={"n0": 2, "n1": 1}),
-     Observation(SLOW), []),
-    ("just committed: cool down", replace(STEADY, committed_at=18), Observation(SLOW), []),
-    ("paused", replace(STEADY, detection_paused=True), Observation(SLOW), []),
-    ("slow link, announced once", STEADY, Observation(HEALTHY, slow_links=("n0/1",)), [AnnounceSlowLink("n0/1")]),
-    ("slow link already announced", replace(STEADY, announced=frozenset({("n0/1", "link")})),
-     Observation(HEALTHY, slow_links=("n0/1",)), []),
-    ("forced: plan for what is measured, even mid-rollout", replace(STEADY, version=2, node_versions={"n0": 1}),
-     Observation(SLOW, forced="operator"), [ProposePlan(SLOW)]),
-])
+@pytest.mark.parametrize(
+    "name, state, observation, expected",
+    [
+        ("healthy: nothing to do", STEADY, Observation(HEALTHY), []),
+        ("no data yet", STEADY, Observation({}), []),
+        (
+            "a straggler: announce it and ask for a plan",
+            STEADY,
+            Observation(SLOW),
+            [AnnounceStraggler("n1/0", 3.0), ProposePlan(SLOW)],
+        ),
+        (
+            "already announced at this rate: only the plan",
+            replace(STEADY, announced=frozenset({("n1/0", 3.0)})),
+            Observation(SLOW),
+            [ProposePlan(SLOW)],
+        ),
+        ("the plan assumed this rate already", replace(STEADY, planned_rates={"n1/0": 3.0}), Observation(SLOW), []),
+        ("a move below replan_delta is no move", replace(STEADY, planned_rates={"n1/0": 2.8}), Observation(SLOW), []),
+        (
+            "recovered: plan it back in",
+            replace(STEADY, planned_rates={"n1/0": 3.0}),
+            Observation(HEALTHY),
+            [ProposePlan(HEALTHY)],
+        ),
+        (
+            "an idle device keeps its last known rate",
+            replace(STEADY, planned_rates={"n1/0": 3.0, "n0/1": 2.0}),
+            Observation({"n0/0": 1.0, "n0/1": 1.0, "n1/1": 1.0}),
+            [ProposePlan({"n1/0": 3.0, "n0/1": 1.0, "n0/0": 1.0, "n1/1": 1.0})],
+        ),
+        (
+            "every node runs v2: commit",
+            replace(STEADY, version=2, node_versions={"n0": 2, "n1": 2}),
+            Observation(SLOW),
+            [Commit(2)],
+        ),
+        (
+            "one node still on v1: wait, one rollout at a time",
+            replace(STEADY, version=2, node_versions={"n0": 2, "n1": 1}),
+            Observation(SLOW),
+            [],
+        ),
+        ("just committed: cool down", replace(STEADY, committed_at=18), Observation(SLOW), []),
+        ("paused", replace(STEADY, detection_paused=True), Observation(SLOW), []),
+        ("slow link, announced once", STEADY, Observation(HEALTHY, slow_links=("n0/1",)), [AnnounceSlowLink("n0/1")]),
+        (
+            "slow link already announced",
+            replace(STEADY, announced=frozenset({("n0/1", "link")})),
+            Observation(HEALTHY, slow_links=("n0/1",)),
+            [],
+        ),
+        (
+            "forced: plan for what is measured, even mid-rollout",
+            replace(STEADY, version=2, node_versions={"n0": 1}),
+            Observation(SLOW, forced="operator"),
+            [ProposePlan(SLOW)],
+        ),
+    ],
+)
 def test_decide(name, state, observation, expected):
     assert decide(state, observation, SETTINGS) == expected, name
 
 
-@pytest.mark.parametrize("name, offer, kind, fragment", [
-    ("worth it", proposal(), PushPlan, "predicted gain"),
-    ("gain below the minimum", proposal(proposed=0.97), SkipPlan, "minimum gain"),
-    ("too few steps left to pay the migration", proposal(migration=40.0), SkipPlan, "migration"),
-    ("a worse plan is never pushed", proposal(proposed=1.2), SkipPlan, "minimum gain"),
-])
+@pytest.mark.parametrize(
+    "name, offer, kind, fragment",
+    [
+        ("worth it", proposal(), PushPlan, "predicted gain"),
+        ("gain below the minimum", proposal(proposed=0.97), SkipPlan, "minimum gain"),
+        ("too few steps left to pay the migration", proposal(migration=40.0), SkipPlan, "migration"),
+        ("a worse plan is never pushed", proposal(proposed=1.2), SkipPlan, "minimum gain"),
+    ],
+)
 def test_judging_a_proposal(name, offer, kind, fragment):
     [action] = decide(STEADY, Observation(SLOW, proposal=offer), SETTINGS)
     assert isinstance(action, kind), name

@@ -7,36 +7,42 @@ import pytest
 from drover.control_plane.detector import Detector, DetectorSettings
 
 
-def feed(detector: Detector, series: dict[str, list[float]], waits: dict[str, list[float]] | None = None,
-         first_step: int = 0) -> None:
+def feed(
+    detector: Detector, series: dict[str, list[float]], waits: dict[str, list[float]] | None = None, first_step: int = 0
+) -> None:
     for i in range(max(len(v) for v in series.values())):
         for device, values in series.items():
             if i < len(values):
-                detector.observe(device, first_step + i, values[i], (waits or {}).get(device, values)[i] if waits else 0.0)
+                detector.observe(
+                    device, first_step + i, values[i], (waits or {}).get(device, values)[i] if waits else 0.0
+                )
 
 
 HEALTHY = {"a": [1] * 4, "b": [1] * 4, "c": [1] * 4}
 
 
-@pytest.mark.parametrize("series, expected", [
-    ({**HEALTHY, "d": [3, 3, 3, 3]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 3.0}),
-    # one spike, however large, is noise
-    ({**HEALTHY, "d": [1, 5, 1, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}),
-    # two slow steps in four are not "staying slow"
-    ({**HEALTHY, "d": [1.5, 1, 1.5, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}),
-    # slow in all but one step of the window: a straggler, at the window's median
-    ({**HEALTHY, "d": [2, 1, 2, 2]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 2.0}),
-    # below the threshold counts as healthy
-    ({"a": [1] * 4, "b": [1] * 4, "c": [1.15] * 4}, {"a": 1.0, "b": 1.0, "c": 1.0}),
-    # the whole machine slowing down in a step (a busy host) is nobody's straggling
-    ({"a": [1, 3, 1, 2], "b": [1, 3, 1, 2], "c": [1, 3, 1, 2]}, {"a": 1.0, "b": 1.0, "c": 1.0}),
-    # half of a small job slow: the lower median keeps the reference on the healthy half
-    ({"a": [1] * 4, "b": [1] * 4, "c": [3] * 4, "d": [3] * 4}, {"a": 1.0, "b": 1.0, "c": 3.0, "d": 3.0}),
-    # the window slides: an old slow spell is forgotten
-    ({"a": [1] * 8, "b": [1] * 8, "c": [4, 4, 4, 4, 1, 1, 1, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0}),
-    # too little data: no rates yet
-    ({"a": [1, 1, 1], "b": [1, 1, 1]}, {}),
-])
+@pytest.mark.parametrize(
+    "series, expected",
+    [
+        ({**HEALTHY, "d": [3, 3, 3, 3]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 3.0}),
+        # one spike, however large, is noise
+        ({**HEALTHY, "d": [1, 5, 1, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}),
+        # two slow steps in four are not "staying slow"
+        ({**HEALTHY, "d": [1.5, 1, 1.5, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}),
+        # slow in all but one step of the window: a straggler, at the window's median
+        ({**HEALTHY, "d": [2, 1, 2, 2]}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 2.0}),
+        # below the threshold counts as healthy
+        ({"a": [1] * 4, "b": [1] * 4, "c": [1.15] * 4}, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        # the whole machine slowing down in a step (a busy host) is nobody's straggling
+        ({"a": [1, 3, 1, 2], "b": [1, 3, 1, 2], "c": [1, 3, 1, 2]}, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        # half of a small job slow: the lower median keeps the reference on the healthy half
+        ({"a": [1] * 4, "b": [1] * 4, "c": [3] * 4, "d": [3] * 4}, {"a": 1.0, "b": 1.0, "c": 3.0, "d": 3.0}),
+        # the window slides: an old slow spell is forgotten
+        ({"a": [1] * 8, "b": [1] * 8, "c": [4, 4, 4, 4, 1, 1, 1, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        # too little data: no rates yet
+        ({"a": [1, 1, 1], "b": [1, 1, 1]}, {}),
+    ],
+)
 def test_rates(series, expected):
     detector = Detector()
     feed(detector, series)
@@ -63,8 +69,7 @@ def test_resent_samples_after_reconnect_are_ignored():
 
 def test_slow_link_apart_from_slow_compute():
     d = Detector()
-    feed(d, {**HEALTHY, "d": [3] * 4},
-         waits={"a": [0.1] * 4, "b": [0.1] * 4, "c": [2.0] * 4, "d": [0.1] * 4})
+    feed(d, {**HEALTHY, "d": [3] * 4}, waits={"a": [0.1] * 4, "b": [0.1] * 4, "c": [2.0] * 4, "d": [0.1] * 4})
     assert d.slow_links() == ["c"]
     assert d.rates()["d"] == 3.0 and d.rates()["c"] == 1.0
 
@@ -93,8 +98,10 @@ def test_history_stays_bounded_when_a_device_falls_silent():
     assert len(d._by_step) <= 4 * d.settings.window + 1
 
 
-@pytest.mark.parametrize("field, value", [("window", 1), ("healthy_below", 1.0), ("recovered_below", 1.5),
-                                          ("min_gain", 1.0), ("cooldown_steps", -1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("window", 1), ("healthy_below", 1.0), ("recovered_below", 1.5), ("min_gain", 1.0), ("cooldown_steps", -1)],
+)
 def test_bad_settings_are_named(field, value):
     with pytest.raises(ValueError, match=f"{field} = {value}"):
         DetectorSettings(**{field: value})

@@ -68,6 +68,7 @@ async def test_a_slow_planner_holds_up_no_rpc(plane, monkeypatch):
             sum(range(1000))
         planned.append(True)
         return real_propose(*args)
+
     real_propose = controller.propose
     monkeypatch.setattr(controller, "propose", slow_propose)
     job, a, b = await start_two_node_job(plane)

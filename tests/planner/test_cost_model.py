@@ -51,38 +51,94 @@ def test_every_invalid_plan_rejected_naming_its_rule(spec_examples):
 
 
 def _small_plan(**changes):
-    plan = {"strategy": "t", "global_batch": 8, "micro_batch": 1,
-            "pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 2]},
-                                                          {"devices": ["n0/1"], "layers": [2, 4]}]}],
-            "removed": ["n0/2", "n0/3"]}
+    plan = {
+        "strategy": "t",
+        "global_batch": 8,
+        "micro_batch": 1,
+        "pipelines": [
+            {
+                "micro_batches": 8,
+                "stages": [{"devices": ["n0/0"], "layers": [0, 2]}, {"devices": ["n0/1"], "layers": [2, 4]}],
+            }
+        ],
+        "removed": ["n0/2", "n0/3"],
+    }
     plan.update(changes)
     return plan
 
 
 @pytest.fixture
 def tiny():
-    cluster = cluster_from_dict({"name": "c", "nodes": [{"name": "n0", "gpus": 4, "intra_gbps": 100,
-                                                         "ethernet_gbps": 10,
-                                                         "gpu": {"name": "g", "tflops": 100, "memory_gib": 80}}]})
-    model = model_from_dict({"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000,
-                             "global_batch": 8, "micro_batch": 1})
+    cluster = cluster_from_dict(
+        {
+            "name": "c",
+            "nodes": [
+                {
+                    "name": "n0",
+                    "gpus": 4,
+                    "intra_gbps": 100,
+                    "ethernet_gbps": 10,
+                    "gpu": {"name": "g", "tflops": 100, "memory_gib": 80},
+                }
+            ],
+        }
+    )
+    model = model_from_dict(
+        {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000, "global_batch": 8, "micro_batch": 1}
+    )
     return cluster, model
 
 
-@pytest.mark.parametrize("change, rule", [
-    ({"removed": ["n0/2"]}, "device-neither-used-nor-removed"),
-    ({"removed": ["n0/2", "n0/3", "n9/0"]}, "unknown-device"),
-    ({"global_batch": 16}, "batch-mismatch"),
-    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 3]},
-                                                    {"devices": ["n0/1"], "layers": [2, 4]}]}]}, "layer-overlap"),
-    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 2]},
-                                                    {"devices": ["n0/1"], "layers": [2, 5]}]}]}, "layers-out-of-range"),
-    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 0]},
-                                                    {"devices": ["n0/1"], "layers": [0, 4]}]}]}, "empty-stage"),
-    ({"pipelines": [{"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 4]}]},
-                    {"micro_batches": 0, "stages": [{"devices": ["n0/1"], "layers": [0, 4]}]}]},
-     "micro-batches-below-one"),
-])
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        ({"removed": ["n0/2"]}, "device-neither-used-nor-removed"),
+        ({"removed": ["n0/2", "n0/3", "n9/0"]}, "unknown-device"),
+        ({"global_batch": 16}, "batch-mismatch"),
+        (
+            {
+                "pipelines": [
+                    {
+                        "micro_batches": 8,
+                        "stages": [{"devices": ["n0/0"], "layers": [0, 3]}, {"devices": ["n0/1"], "layers": [2, 4]}],
+                    }
+                ]
+            },
+            "layer-overlap",
+        ),
+        (
+            {
+                "pipelines": [
+                    {
+                        "micro_batches": 8,
+                        "stages": [{"devices": ["n0/0"], "layers": [0, 2]}, {"devices": ["n0/1"], "layers": [2, 5]}],
+                    }
+                ]
+            },
+            "layers-out-of-range",
+        ),
+        (
+            {
+                "pipelines": [
+                    {
+                        "micro_batches": 8,
+                        "stages": [{"devices": ["n0/0"], "layers": [0, 0]}, {"devices": ["n0/1"], "layers": [0, 4]}],
+                    }
+                ]
+            },
+            "empty-stage",
+        ),
+        (
+            {
+                "pipelines": [
+                    {"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 4]}]},
+                    {"micro_batches": 0, "stages": [{"devices": ["n0/1"], "layers": [0, 4]}]},
+                ]
+            },
+            "micro-batches-below-one",
+        ),
+    ],
+)
 def test_more_rules_named(tiny, change, rule):
     cluster, model = tiny
     with pytest.raises(PlanError) as info:
@@ -94,22 +150,30 @@ def test_small_valid_plan_passes(tiny):
     validate(plan_from_dict(_small_plan()), *tiny)
 
 
-GOOD_NODE = {"name": "a", "gpus": 8, "intra_gbps": 100, "ethernet_gbps": 10,
-             "gpu": {"name": "g", "tflops": 100, "memory_gib": 80}}
+GOOD_NODE = {
+    "name": "a",
+    "gpus": 8,
+    "intra_gbps": 100,
+    "ethernet_gbps": 10,
+    "gpu": {"name": "g", "tflops": 100, "memory_gib": 80},
+}
 
 
-@pytest.mark.parametrize("data, field, value", [
-    ({"nodes": []}, "nodes", []),
-    ({"nodes": [{**GOOD_NODE, "gpus": 0}]}, "nodes[0].gpus", 0),
-    ({"nodes": [{**GOOD_NODE, "gpus": "eight"}]}, "nodes[0].gpus", "eight"),
-    ({"nodes": [{k: v for k, v in GOOD_NODE.items() if k != "gpu"}]}, "nodes[0].gpu", None),
-    ({"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": -1, "memory_gib": 80}}]}, "nodes[0].gpu.tflops", -1),
-    ({"nodes": [{**GOOD_NODE, "nics": [{"type": "myrinet", "gbps": 10}]}]}, "nodes[0].nics[0].type", "myrinet"),
-    ({"nodes": [GOOD_NODE, GOOD_NODE]}, "nodes[1].name", "a"),
-    ({"nodes": [GOOD_NODE], "rates": {"a/9": 2.0}}, "rates.a/9", 2.0),
-    ({"nodes": [GOOD_NODE], "rates": {"a/1": 0.5}}, "rates.a/1", 0.5),
-    ({"nodes": [GOOD_NODE], "colour": "red"}, "colour", "red"),
-])
+@pytest.mark.parametrize(
+    "data, field, value",
+    [
+        ({"nodes": []}, "nodes", []),
+        ({"nodes": [{**GOOD_NODE, "gpus": 0}]}, "nodes[0].gpus", 0),
+        ({"nodes": [{**GOOD_NODE, "gpus": "eight"}]}, "nodes[0].gpus", "eight"),
+        ({"nodes": [{k: v for k, v in GOOD_NODE.items() if k != "gpu"}]}, "nodes[0].gpu", None),
+        ({"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": -1, "memory_gib": 80}}]}, "nodes[0].gpu.tflops", -1),
+        ({"nodes": [{**GOOD_NODE, "nics": [{"type": "myrinet", "gbps": 10}]}]}, "nodes[0].nics[0].type", "myrinet"),
+        ({"nodes": [GOOD_NODE, GOOD_NODE]}, "nodes[1].name", "a"),
+        ({"nodes": [GOOD_NODE], "rates": {"a/9": 2.0}}, "rates.a/9", 2.0),
+        ({"nodes": [GOOD_NODE], "rates": {"a/1": 0.5}}, "rates.a/1", 0.5),
+        ({"nodes": [GOOD_NODE], "colour": "red"}, "colour", "red"),
+    ],
+)
 def test_bad_cluster_fields_named(data, field, value):
     with pytest.raises(SpecError) as info:
         cluster_from_dict({"name": "c", **data}, "c.yaml")
@@ -124,20 +188,30 @@ def test_failed_rate_spellings():
         assert c.device_by_id["a/1"].failed and len(c.usable) == 7
 
 
-GOOD_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000, "global_batch": 8,
-              "micro_batch": 2}
+GOOD_MODEL = {
+    "layers": 4,
+    "hidden": 256,
+    "heads": 4,
+    "seq_len": 128,
+    "vocab": 1000,
+    "global_batch": 8,
+    "micro_batch": 2,
+}
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"layers": 0}, "layers"),
-    ({"heads": 3}, "heads"),
-    ({"micro_batch": 3}, "micro_batch"),
-    ({"mfu": 1.5}, "mfu"),
-    ({"vocab": None}, "vocab"),
-    ({"family": "mamba"}, "family"),
-    ({"kv_heads": 2}, "kv_heads"),  # gpt is multi-head: kv_heads = heads
-    ({"family": "llama", "kv_heads": 3}, "kv_heads"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"layers": 0}, "layers"),
+        ({"heads": 3}, "heads"),
+        ({"micro_batch": 3}, "micro_batch"),
+        ({"mfu": 1.5}, "mfu"),
+        ({"vocab": None}, "vocab"),
+        ({"family": "mamba"}, "family"),
+        ({"kv_heads": 2}, "kv_heads"),  # gpt is multi-head: kv_heads = heads
+        ({"family": "llama", "kv_heads": 3}, "kv_heads"),
+    ],
+)
 def test_bad_model_fields_named(change, field):
     with pytest.raises(SpecError) as info:
         model_from_dict({**GOOD_MODEL, **change}, "m.yaml")
@@ -161,8 +235,10 @@ def test_llama_block_by_the_spec_formulas():
 def test_tp_must_divide_kv_heads(tiny):
     cluster, _ = tiny
     model = model_from_dict({**GOOD_MODEL, "family": "llama", "global_batch": 8, "micro_batch": 1, "kv_heads": 1})
-    plan = _small_plan(pipelines=[{"micro_batches": 8, "stages": [{"devices": ["n0/0", "n0/1"], "layers": [0, 4]}]}],
-                       removed=["n0/2", "n0/3"])
+    plan = _small_plan(
+        pipelines=[{"micro_batches": 8, "stages": [{"devices": ["n0/0", "n0/1"], "layers": [0, 4]}]}],
+        removed=["n0/2", "n0/3"],
+    )
     with pytest.raises(PlanError) as info:
         validate(plan_from_dict(plan), cluster, model)
     assert info.value.rule == "tp-does-not-divide-heads" and "kv_heads (1)" in str(info.value)
@@ -182,6 +258,7 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 def test_job_with_a_model_the_runtime_cannot_build_is_refused():
     from drover.control_plane.jobfile import job_from_yaml
+
     with pytest.raises(SpecError) as info:
         job_from_yaml(json.dumps({"model": {**GOOD_MODEL, "family": "llama"}, "steps": 2}), source="job.yaml")
     assert info.value.field == "model.family" and "gpt" in str(info.value)

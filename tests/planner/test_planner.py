@@ -6,13 +6,14 @@ import itertools
 
 import pytest
 
-from support import CLUSTER_VARIANTS, make_cluster, make_model
 from drover.planner.assignment import assign_micro_batches
 from drover.planner.cost import evaluate, validate
 from drover.planner.errors import PlanError
 from drover.planner.grouping import form_groups
 from drover.planner.orchestration import partition_layers
 from drover.planner.search import SPLIT_RATIO, make_plan
+
+from support import CLUSTER_VARIANTS, make_cluster, make_model
 
 VARIANTS = list(itertools.product(CLUSTER_VARIANTS, ["gpt-7b", "gpt-1b", "llama-gqa"]))
 
@@ -94,8 +95,9 @@ def test_data_parallel_replicas_stay_on_one_rdma_type(mix):
     nic = {d.id: cluster.nodes[d.node].nic_class for d in cluster.devices}
     if len(plan.pipelines) > 1:
         for block in range(model.layers):
-            holders = {nic[s.devices[0]] for p in plan.pipelines for s in p.stages
-                       if s.layers[0] <= block < s.layers[1]}
+            holders = {
+                nic[s.devices[0]] for p in plan.pipelines for s in p.stages if s.layers[0] <= block < s.layers[1]
+            }
             assert len(holders) == 1, (block, holders)
     all_ib = make_plan(make_cluster("healthy"), model).predicted.samples_per_s
     assert plan.predicted.samples_per_s >= 0.9 * all_ib
@@ -117,12 +119,15 @@ def test_partition_respects_memory_or_refuses():
     assert partition_layers([groups[:1]], model, cluster) is None  # 7B does not fit on one GPU
 
 
-@pytest.mark.parametrize("first, each, total", [
-    ([1.0, 1.0], [1.0, 1.0], 10),
-    ([1.0, 3.0], [1.0, 3.0], 12),
-    ([5.0, 1.0, 2.0], [0.5, 1.0, 2.0], 9),
-    ([0.1, 0.1, 0.1, 0.1], [1.0, 1.5, 4.0, 12.0], 7),
-])
+@pytest.mark.parametrize(
+    "first, each, total",
+    [
+        ([1.0, 1.0], [1.0, 1.0], 10),
+        ([1.0, 3.0], [1.0, 3.0], 12),
+        ([5.0, 1.0, 2.0], [0.5, 1.0, 2.0], 9),
+        ([0.1, 0.1, 0.1, 0.1], [1.0, 1.5, 4.0, 12.0], 7),
+    ],
+)
 def test_micro_batch_assignment_is_optimal(first, each, total):
     got = assign_micro_batches(first, each, total)
     assert sum(got) == total and min(got) >= 1
@@ -149,12 +154,16 @@ def test_unknown_strategy_and_impossible_model():
 
 def test_micro_batch_assignment_matches_brute_force_on_random_cases():
     import random
+
     rng = random.Random(7)
     for _ in range(300):
         D, total = rng.randint(1, 3), rng.randint(3, 9)
         first = [rng.uniform(0.1, 6.0) for _ in range(D)]
         each = [rng.uniform(0.1, 3.0) for _ in range(D)]
         got = assign_micro_batches(first, each, total)
-        finish = lambda ms: max(f + (m - 1) * e for f, e, m in zip(first, each, ms))  # noqa: E731
+
+        def finish(ms, first=first, each=each):
+            return max(f + (m - 1) * e for f, e, m in zip(first, each, ms))
+
         best = min(finish(ms) for ms in itertools.product(range(1, total + 1), repeat=D) if sum(ms) == total)
         assert sum(got) == total and finish(got) == pytest.approx(best)

@@ -20,12 +20,19 @@ RESTART_S = 300.0
 
 
 def small_cluster(nics=({"type": "infiniband", "gbps": 200, "count": 8},), ethernet_gbps=100):
-    return cluster_from_dict({
-        "name": "test-32",
-        "defaults": {"gpus": 8, "gpu": {"name": "A100-80G", "tflops": 312, "memory_gib": 80},
-                     "intra_gbps": 2400, "ethernet_gbps": ethernet_gbps, "nics": list(nics)},
-        "nodes": [{"name": f"node-{i}"} for i in range(4)],
-    })
+    return cluster_from_dict(
+        {
+            "name": "test-32",
+            "defaults": {
+                "gpus": 8,
+                "gpu": {"name": "A100-80G", "tflops": 312, "memory_gib": 80},
+                "intra_gbps": 2400,
+                "ethernet_gbps": ethernet_gbps,
+                "nics": list(nics),
+            },
+            "nodes": [{"name": f"node-{i}"} for i in range(4)],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +42,19 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def model():
-    return model_from_dict({"name": "gpt-7b-like", "layers": 32, "hidden": 4096, "ffn_hidden": 16384,
-                            "heads": 32, "seq_len": 4096, "vocab": 32000, "global_batch": 128,
-                            "micro_batch": 1})
+    return model_from_dict(
+        {
+            "name": "gpt-7b-like",
+            "layers": 32,
+            "hidden": 4096,
+            "ffn_hidden": 16384,
+            "heads": 32,
+            "seq_len": 4096,
+            "vocab": 32000,
+            "global_batch": 128,
+            "micro_batch": 1,
+        }
+    )
 
 
 def events(*changes, detect_steps=3):
@@ -66,8 +83,9 @@ def test_no_events_every_strategy_runs_its_first_plan(cluster, model):
 
 def test_events_after_the_run_have_no_effect(cluster, model):
     late = events(RateChange(STEPS, "node-1/2", 4.0), RateChange(STEPS + 5, "node-2/0", float("inf")))
-    assert [r.to_dict() for r in simulate(cluster, model, late, STEPS)] == \
-        [r.to_dict() for r in simulate(cluster, model, events(), STEPS)]
+    assert [r.to_dict() for r in simulate(cluster, model, late, STEPS)] == [
+        r.to_dict() for r in simulate(cluster, model, events(), STEPS)
+    ]
 
 
 def test_straggler_drover_replans_once_after_detection_delay(cluster, model):
@@ -83,8 +101,12 @@ def test_straggler_drover_replans_once_after_detection_delay(cluster, model):
     first, second = make_plan(cluster, model, "drover"), make_plan(slow, model, "drover")
     migration = sim.migration_seconds(first, second, slow, model, RESTART_S)
     assert migration == pytest.approx(drover.migration_s)
-    expected = (slow_at * step_time(first, cluster, model) + 3 * step_time(first, slow, model)
-                + migration + (STEPS - slow_at - 3) * step_time(second, slow, model))
+    expected = (
+        slow_at * step_time(first, cluster, model)
+        + 3 * step_time(first, slow, model)
+        + migration
+        + (STEPS - slow_at - 3) * step_time(second, slow, model)
+    )
     assert drover.total_s == pytest.approx(expected, rel=1e-12)
     assert [entry.step for entry in drover.timeline] == [0, slow_at, slow_at + 3]
 
@@ -105,8 +127,9 @@ def test_failure_of_the_only_replica_costs_a_restart(cluster, model):
     failed = cluster.with_rates({"node-0/0": float("inf")})
     single = make_plan(cluster.with_rates({}), model, "uniform")
     # Keep only the pipeline holding node-0/0: its blocks then live nowhere else.
-    only = replace(single, pipelines=tuple(p for p in single.pipelines
-                                           if any("node-0/0" in s.devices for s in p.stages)))
+    only = replace(
+        single, pipelines=tuple(p for p in single.pipelines if any("node-0/0" in s.devices for s in p.stages))
+    )
     after = make_plan(failed, model, "drover")
     assert sim.migration_seconds(only, after, failed, model, RESTART_S) == RESTART_S
 
@@ -165,17 +188,20 @@ def test_example_events_file_parses_and_simulates_quickly(monkeypatch):
     assert all(run.to_dict()["total_s"] > 0 for run in runs)
 
 
-@pytest.mark.parametrize("entry, field, fragment", [
-    ({"step": 1, "device": "node-9/0", "rate": 2.0}, "events[0].device", "device id"),
-    ({"step": 1, "device": "node-1/8", "rate": 2.0}, "events[0].device", "device id"),
-    ({"step": 1, "device": "node-1/0", "rate": 0.5}, "events[0].rate", ">= 1.0"),
-    ({"step": 1, "device": "node-1/0", "rate": "fast"}, "events[0].rate", ">= 1.0"),
-    ({"step": -1, "device": "node-1/0", "rate": 2.0}, "events[0].step", ">= 0"),
-    ({"device": "node-1/0", "rate": 2.0}, "events[0].step", "required"),
-    ({"step": 1, "device": "node-1/0", "speed": 2.0}, "events[0].speed", "known field"),
-    ({"step": 1, "join": {"name": "node-0"}}, "events[0].join.name", "not already"),
-    ({"step": 1, "join": {"name": "node-4", "gpus": 0}}, "events[0].join.gpus", ">= 1"),
-])
+@pytest.mark.parametrize(
+    "entry, field, fragment",
+    [
+        ({"step": 1, "device": "node-9/0", "rate": 2.0}, "events[0].device", "device id"),
+        ({"step": 1, "device": "node-1/8", "rate": 2.0}, "events[0].device", "device id"),
+        ({"step": 1, "device": "node-1/0", "rate": 0.5}, "events[0].rate", ">= 1.0"),
+        ({"step": 1, "device": "node-1/0", "rate": "fast"}, "events[0].rate", ">= 1.0"),
+        ({"step": -1, "device": "node-1/0", "rate": 2.0}, "events[0].step", ">= 0"),
+        ({"device": "node-1/0", "rate": 2.0}, "events[0].step", "required"),
+        ({"step": 1, "device": "node-1/0", "speed": 2.0}, "events[0].speed", "known field"),
+        ({"step": 1, "join": {"name": "node-0"}}, "events[0].join.name", "not already"),
+        ({"step": 1, "join": {"name": "node-4", "gpus": 0}}, "events[0].join.gpus", ">= 1"),
+    ],
+)
 def test_bad_event_names_the_field(cluster, entry, field, fragment):
     with pytest.raises(SpecError) as err:
         events_from_dict({"events": [entry]}, cluster, "ev.yaml")
@@ -194,19 +220,25 @@ def test_missing_events_and_bad_settings_are_spec_errors(cluster):
 
 
 def test_rates_accept_inf_spellings_and_joined_devices(cluster):
-    parsed = events_from_dict({"events": [
-        {"step": 9, "device": "node-4/3", "rate": "inf"},
-        {"step": 5, "join": {"name": "node-4", "gpus": 4}},
-        {"step": 7, "device": "node-0/1", "rate": float("inf")},
-        {"step": 8, "device": "node-0/1", "rate": 1},
-    ]}, cluster)
+    parsed = events_from_dict(
+        {
+            "events": [
+                {"step": 9, "device": "node-4/3", "rate": "inf"},
+                {"step": 5, "join": {"name": "node-4", "gpus": 4}},
+                {"step": 7, "device": "node-0/1", "rate": float("inf")},
+                {"step": 8, "device": "node-0/1", "rate": 1},
+            ]
+        },
+        cluster,
+    )
     assert [e.step for e in parsed.events] == [5, 7, 8, 9]  # sorted by step
     assert parsed.events[0].node.gpus == 4
     assert parsed.events[0].node.gpu.name == "A100-80G"  # from the cluster's defaults
     assert parsed.events[1].rate == parsed.events[3].rate == float("inf")
     with pytest.raises(SpecError, match="events\\[0\\].device"):  # the node has not joined yet
-        events_from_dict({"events": [{"step": 1, "device": "node-4/0", "rate": 2},
-                                     {"step": 5, "join": {"name": "node-4"}}]}, cluster)
+        events_from_dict(
+            {"events": [{"step": 1, "device": "node-4/0", "rate": 2}, {"step": 5, "join": {"name": "node-4"}}]}, cluster
+        )
 
 
 def test_steps_must_be_positive(cluster, model):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import filecmp
 import json
 import subprocess
-import sys
 
 import pytest
+from google.protobuf import json_format
 
-from support import ROOT
 from drover.planner.plan import load_plan
 from drover.planner.wire import plan_from_proto, plan_to_proto
-from google.protobuf import json_format
+
+from support import ROOT
 
 GENERATED = sorted(p.name for p in (ROOT / "protos" / "drover" / "v1").glob("*_pb2*.py*"))
 
@@ -21,13 +21,15 @@ GENERATED = sorted(p.name for p in (ROOT / "protos" / "drover" / "v1").glob("*_p
 def test_generated_code_is_up_to_date(tmp_path):
     pytest.importorskip("grpc_tools")
     env_path = f"{ROOT / '.venv' / 'bin'}:{__import__('os').environ['PATH']}"
-    subprocess.run(["bash", str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True,
-                   env={"PATH": env_path}, cwd=ROOT)
+    subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True, env={"PATH": env_path}, cwd=ROOT
+    )
     fresh = sorted(p.name for p in (tmp_path / "drover" / "v1").iterdir() if "_pb2" in p.name)
     assert fresh == GENERATED
     for name in GENERATED:
-        assert filecmp.cmp(tmp_path / "drover" / "v1" / name, ROOT / "protos" / "drover" / "v1" / name,
-                           shallow=False), f"{name} differs: run scripts/gen_protos.sh and commit"
+        assert filecmp.cmp(
+            tmp_path / "drover" / "v1" / name, ROOT / "protos" / "drover" / "v1" / name, shallow=False
+        ), f"{name} differs: run scripts/gen_protos.sh and commit"
 
 
 def test_plan_json_is_the_spec_format(spec_examples):
@@ -40,8 +42,10 @@ def test_plan_json_is_the_spec_format(spec_examples):
 
 
 def test_predicted_survives_the_round_trip():
-    from support import make_cluster, make_model
     from drover.planner.search import make_plan
+
+    from support import make_cluster, make_model
+
     plan = make_plan(make_cluster("one-straggler"), make_model("gpt-1b"))
     back = plan_from_proto(plan_to_proto(plan))
     assert back == plan and back.predicted == plan.predicted

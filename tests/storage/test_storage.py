@@ -15,8 +15,18 @@ from drover.storage.models import Job, TelemetrySample
 
 
 def new_job(session, job_id="j1"):
-    session.add(Job(id=job_id, state="running", model_yaml="{}", model_name="tiny", steps=10, seed=0,
-                    out_dir="/tmp", created=time.time()))
+    session.add(
+        Job(
+            id=job_id,
+            state="running",
+            model_yaml="{}",
+            model_name="tiny",
+            steps=10,
+            seed=0,
+            out_dir="/tmp",
+            created=time.time(),
+        )
+    )
 
 
 @pytest.fixture
@@ -50,6 +60,7 @@ def test_failed_write_leaves_nothing_half_written(store):
     def half(session):
         queries.add_plan(session, "j1", {"pipelines": []}, "first")
         raise RuntimeError("crash in the middle")
+
     with pytest.raises(RuntimeError):
         store.write_sync(half)
     assert store.read(lambda s: queries.plans(s, "j1")) == []
@@ -62,9 +73,11 @@ def test_telemetry_batched_and_bounded_by_age(store):
     async def run():
         for step in range(12):  # steps 0-5 are two minutes old, past the 60 s retention
             age = 120.0 if step < 6 else 0.0
-            store.buffer_samples(TelemetrySample, [dict(job_id="j1", device="n/0", time=now - age, step=step,
-                                                        compute_s_per_block=0.1)])
+            store.buffer_samples(
+                TelemetrySample, [dict(job_id="j1", device="n/0", time=now - age, step=step, compute_s_per_block=0.1)]
+            )
         assert await store.flush_samples() == 12
+
     asyncio.run(run())
     kept = store.read(lambda s: queries.telemetry(s, "j1", "n/0"))
     assert [t.step for t in kept] == [11, 10, 9, 8, 7, 6]
@@ -72,8 +85,9 @@ def test_telemetry_batched_and_bounded_by_age(store):
 
 def test_flush_is_one_transaction_and_keeps_samples_it_could_not_write(store):
     store.write_sync(new_job)
-    store.buffer_samples(TelemetrySample, [dict(job_id="j1", device="n/0", time=time.time(), step=3,
-                                                compute_s_per_block=0.1)])
+    store.buffer_samples(
+        TelemetrySample, [dict(job_id="j1", device="n/0", time=time.time(), step=3, compute_s_per_block=0.1)]
+    )
 
     def set_step_then_fail(session):
         queries.get_job(session, "j1").step = 3
@@ -91,7 +105,10 @@ def test_concurrent_writers_serialized(store):
     store.write_sync(new_job)
 
     async def run():
-        await asyncio.gather(*(store.write(lambda s: queries.add_event(s, "j1", i, "tick", {})) for i in range(50)))
+        await asyncio.gather(
+            *(store.write(lambda s, i=i: queries.add_event(s, "j1", i, "tick", {})) for i in range(50))
+        )
+
     asyncio.run(run())
     assert len(store.read(lambda s: queries.events(s, "j1"))) == 50
 
@@ -108,8 +125,15 @@ def test_history_survives_reopen(tmp_path):
 
 def test_a_node_is_what_its_agent_last_said(store):
     gpu = {"kind": "cuda", "name": "A100", "memory_gib": 80.0, "tflops": 312.0}
-    store.write_sync(lambda s: queries.upsert_node(s, "n", [{"id": "n/0", **gpu}, {"id": "n/1", **gpu}],
-                                                   [{"name": "ib0", "type": "ib", "gbps": 200.0}], "0.1.0"))
+    store.write_sync(
+        lambda s: queries.upsert_node(
+            s,
+            "n",
+            [{"id": "n/0", **gpu}, {"id": "n/1", **gpu}],
+            [{"name": "ib0", "type": "ib", "gbps": 200.0}],
+            "0.1.0",
+        )
+    )
     store.write_sync(lambda s: queries.upsert_node(s, "n", [{"id": "n/0", **gpu, "memory_gib": 40.0}], [], "0.1.1"))
     devices = store.read(lambda s: queries.devices_of(s, "n"))
     assert [(d.id, d.memory_gib) for d in devices] == [("n/0", 40.0)]

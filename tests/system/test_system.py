@@ -39,19 +39,50 @@ def events_of(out: Path) -> list[dict]:
 
 def work_of(plan: dict, device: str) -> float:
     """Blocks x micro-batches a device runs under a plan, shared among its TP group."""
-    return sum((s["layers"][1] - s["layers"][0]) * p["micro_batches"] / len(s["devices"])
-               for p in plan["pipelines"] for s in p["stages"] if device in s["devices"])
+    return sum(
+        (s["layers"][1] - s["layers"][0]) * p["micro_batches"] / len(s["devices"])
+        for p in plan["pipelines"]
+        for s in p["stages"]
+        if device in s["devices"]
+    )
 
 
 def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     out = tmp_path / "up"
     (out / "telemetry").mkdir(parents=True)  # an earlier job's telemetry in a reused out dir is not this job's
-    (out / "telemetry" / "worker-2.jsonl").write_text(json.dumps(
-        {"device": "node-1/0", "step": 999, "plan_version": 1, "compute_s_per_block": 9.0,
-         "p2p_wait_s": 0.0, "grad_sync_s": 0.0}) + "\n")
-    run = subprocess.run(DROVER + ["up", "--nodes", "2", "--devices-per-node", "2", "--job", str(TINY_JOB),
-                                   "--straggle", "node-1/0=3@6", "--out", str(out)],
-                         capture_output=True, text=True, timeout=400, cwd=ROOT)
+    (out / "telemetry" / "worker-2.jsonl").write_text(
+        json.dumps(
+            {
+                "device": "node-1/0",
+                "step": 999,
+                "plan_version": 1,
+                "compute_s_per_block": 9.0,
+                "p2p_wait_s": 0.0,
+                "grad_sync_s": 0.0,
+            }
+        )
+        + "\n"
+    )
+    run = subprocess.run(
+        DROVER
+        + [
+            "up",
+            "--nodes",
+            "2",
+            "--devices-per-node",
+            "2",
+            "--job",
+            str(TINY_JOB),
+            "--straggle",
+            "node-1/0=3@6",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     events = events_of(out)
     kinds = [e["kind"] for e in events]
@@ -59,12 +90,12 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     assert all(e["step"] < load_job(TINY_JOB).steps for e in events)
     # On 2 oversubscribed cores a healthy device is now and then flagged near 1.3x, so the checks
     # are on the 3x slowdown itself: seen only once it began, then planned around.
-    slow = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"
-            and e["rate"] >= 2.0]
+    slow = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0" and e["rate"] >= 2.0]
     assert slow and min(e["step"] for e in slow) >= 6
     first = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["plan_version"] == 1)
-    adapted = [e for e in events if e["kind"] == "plan_committed" and e["plan_version"] >= 2
-               and e["step"] >= slow[0]["step"]]
+    adapted = [
+        e for e in events if e["kind"] == "plan_committed" and e["plan_version"] >= 2 and e["step"] >= slow[0]["step"]
+    ]
     assert adapted and work_of(adapted[0]["plan"], "node-1/0") < work_of(first, "node-1/0")
     assert any(e["kind"] == "migration_done" for e in events)
     trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
@@ -80,6 +111,7 @@ def local_cluster(tmp_path):
     def make(**kwargs) -> LocalCluster:
         clusters.append(LocalCluster(tmp_path, telemetry_interval_s=0.25, **kwargs))
         return clusters[-1]
+
     yield make
     for c in clusters:
         c.stop()
@@ -145,8 +177,9 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
 
 
 def run_cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(DROVER + list(args) + ["--control-plane", address], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        DROVER + list(args) + ["--control-plane", address], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
@@ -175,7 +208,8 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     assert run_cli(c.address, "node", "undrain", "node-0").returncode == 0
     missing = run_cli(c.address, "job", "status", "job-nope")
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
-        "drover: error: NOT_FOUND: unknown job 'job-nope'"]
+        "drover: error: NOT_FOUND: unknown job 'job-nope'"
+    ]
     bad = run_cli(c.address, "straggle", "node-0/0", "0.5")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
     assert c.stop() == [0, 0]  # SIGTERM: the agent and the server exit promptly and cleanly
