@@ -21,7 +21,8 @@ from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
-from .controller import TERMINAL, ControlPlane, FailedPrecondition, InvalidArgument
+from .controller import TERMINAL, ControlPlane
+from .validation import FailedPrecondition, InvalidArgument
 
 log = logging.getLogger("drover.server")
 

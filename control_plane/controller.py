@@ -25,18 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from drover.planner import (
-    Cluster,
-    Gpu,
-    ModelSpec,
-    Nic,
-    Node,
-    Plan,
-    evaluate,
-    make_plan,
-    migration_seconds,
-    plan_from_dict,
-)
+from drover.planner import Plan, make_plan, plan_from_dict
 from drover.planner.ports import free_port
 from drover.planner.wire import job_state_name, plan_to_proto
 from drover.storage import queries
@@ -44,28 +33,20 @@ from drover.storage.db import Store
 from drover.storage.models import Job, NicSample, TelemetrySample
 from drover.v1 import agent_pb2
 
-from . import coordinator
+from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_yaml
+from .validation import FailedPrecondition, InvalidArgument, check_hello, check_telemetry
 
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
-MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
 # Telemetry reaches the database once a second, or sooner once this many samples wait: a
 # small cluster costs one commit a second, a large one stays within a fraction of a second.
 FLUSH_EVERY_S = 1.0
 FLUSH_ROWS = 1_000
 DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is failed
-
-
-class FailedPrecondition(RuntimeError):
-    """The request is well formed but the current state forbids it."""
-
-
-class InvalidArgument(ValueError):
-    """Input that names its field, value and what is allowed (from the wire, not a file)."""
 
 
 @dataclass
@@ -87,7 +68,7 @@ class RunningJob:
     announced: set = field(default_factory=set)  # (device, rate) and (device, "link") already announced
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
     heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
-    committed_at: int = -1  # job step when the newest plan was committed
+    committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
     reconciler: asyncio.Task | None = None
@@ -227,22 +208,7 @@ class ControlPlane:
         return self.outboxes[node]
 
     async def hello(self, hello: agent_pb2.Hello, queue: asyncio.Queue) -> None:
-        if not hello.node or "/" in hello.node:
-            raise InvalidArgument(f"hello.node = {hello.node!r}: a non-empty node name without '/'")
-        devices = [
-            {"id": d.id, "kind": d.kind, "name": d.name, "memory_gib": d.memory_gib, "tflops": d.tflops}
-            for d in hello.devices
-        ]
-        for d in devices:
-            if not d["id"].startswith(hello.node + "/"):
-                raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
-        nics = [{"name": n.name, "type": n.type, "gbps": n.gbps} for n in hello.nics]
-        for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):
-            repeated = sorted({x for x in names if names.count(x) > 1})
-            if repeated:
-                raise InvalidArgument(
-                    f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique"
-                )
+        devices, nics = check_hello(hello)
         await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
         running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
         for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
@@ -277,7 +243,7 @@ class ControlPlane:
 
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
-        _check_telemetry(message)
+        check_telemetry(message)
         job = self.jobs.get(message.job_id)
         if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
             raise FailedPrecondition(
@@ -367,7 +333,7 @@ class ControlPlane:
         nodes = [n for n in nodes if n[1]]
         if not nodes:
             raise FailedPrecondition("no connected, undrained node with devices: start agents first")
-        cluster = cluster_of(nodes)
+        cluster = planning.cluster_of(nodes)
         plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
@@ -527,7 +493,9 @@ class ControlPlane:
         nodes = await self.store.query(
             lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
         )
-        return await self._off_loop(propose, cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s)
+        return await self._off_loop(
+            planning.propose, planning.cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s
+        )
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)
@@ -605,65 +573,3 @@ class ControlPlane:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
         except TimeoutError:
             pass
-
-
-def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float], restart_s: float) -> Proposal:
-    """Drover's plan for the job's cluster at these straggling rates, weighed against the
-    running plan by the reference cost model (pure; runs in the planning thread)."""
-    cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
-    plan = make_plan(cluster, model, "drover")
-    return Proposal(
-        rates,
-        plan,
-        evaluate(current, cluster, model).step_time_s,
-        evaluate(plan, cluster, model).step_time_s,
-        migration_seconds(current, plan, cluster, model, restart_s),
-    )
-
-
-def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
-    """The planner's view of agents' nodes: devices as GPUs, NICs as links."""
-    out = []
-    for name, devices, nics in nodes:
-        first = devices[0]
-        rdma = tuple(Nic(n.type, n.gbps or 100.0) for n in nics if n.type in ("infiniband", "roce"))
-        ethernet = max([n.gbps for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
-        # CPU workers talk through gloo over loopback, which is latency-bound: the cost model has
-        # no latency term, so CPU links get a low bandwidth (0.3 Gbps in a node, 1 Gbps between
-        # nodes), chosen so the planner, like a measurement here, finds TP not worth it on CPU.
-        intra = 0.3 if first.kind == "cpu" else 2400.0
-        if first.kind == "cpu":
-            ethernet = min(ethernet, 1.0)
-        out.append(
-            Node(
-                name,
-                len(devices),
-                Gpu(first.name or first.kind, first.tflops or 0.05, first.memory_gib or 16.0),
-                intra_gbps=intra,
-                ethernet_gbps=ethernet,
-                nics=rdma,
-            )
-        )
-    return Cluster("agents", tuple(out))
-
-
-def _check_telemetry(message: agent_pb2.Telemetry) -> None:
-    def check(path: str, value: float, limit: float = math.inf) -> None:
-        if not (math.isfinite(value) and 0.0 <= value <= limit):
-            raise InvalidArgument(
-                f"telemetry.{path} = {value!r}: a finite number >= 0"
-                + (f" and <= {limit:g}" if math.isfinite(limit) else "")
-            )
-
-    check("time", message.time)
-    for i, s in enumerate(message.devices):
-        if not s.device:
-            raise InvalidArgument(f"telemetry.devices[{i}].device = '': a device id NODE/INDEX")
-        check(f"devices[{i}].compute_s_per_block", s.compute_s_per_block, MAX_COMPUTE_S)
-        for name in ("p2p_wait_s", "grad_sync_s"):
-            check(f"devices[{i}].{name}", getattr(s, name))
-        if s.step < 0:
-            raise InvalidArgument(f"telemetry.devices[{i}].step = {s.step}: an integer >= 0")
-    for i, n in enumerate(message.nics):
-        check(f"nics[{i}].tx_bytes_per_s", n.tx_bytes_per_s)
-        check(f"nics[{i}].rx_bytes_per_s", n.rx_bytes_per_s)

@@ -30,7 +30,7 @@ class JobState:
     node_versions: Mapping[str, int]  # node -> plan version its workers all run
     step: int  # newest step reported
     steps: int  # the job's length
-    committed_at: int = -1  # step at which the newest plan was committed
+    committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     planned_rates: Mapping[str, float] = field(default_factory=dict)  # what the current plan assumed
     announced: frozenset = frozenset()  # (device, rate) and (device, "link") already announced
     detection_paused: bool = False

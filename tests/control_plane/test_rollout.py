@@ -9,7 +9,7 @@ import time
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from drover.control_plane import controller
+from drover.control_plane import planning
 from drover.v1 import jobs_pb2
 
 from support import eventually
@@ -69,8 +69,8 @@ async def test_a_slow_planner_holds_up_no_rpc(plane, monkeypatch):
         planned.append(True)
         return real_propose(*args)
 
-    real_propose = controller.propose
-    monkeypatch.setattr(controller, "propose", slow_propose)
+    real_propose = planning.propose
+    monkeypatch.setattr(planning, "propose", slow_propose)
     job, a, b = await start_two_node_job(plane)
     replan = asyncio.ensure_future(plane.jobs.Replan(jobs_pb2.ReplanRequest(job_id=job.id, reason="test")))
     await asyncio.sleep(0.2)  # the planner is running now

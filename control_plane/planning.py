@@ -1,0 +1,50 @@
+"""What the coordinator's proposals are made of: the planner's view of the
+agents' nodes, and a plan for measured rates weighed against the running one
+by the reference cost model. Pure; the controller runs `propose` in its
+planning thread."""
+
+from __future__ import annotations
+
+from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, make_plan, migration_seconds
+
+from .coordinator import Proposal
+
+
+def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float], restart_s: float) -> Proposal:
+    """Drover's plan for the job's cluster at these straggling rates, weighed against the
+    running plan by the reference cost model (pure; runs in the planning thread)."""
+    cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
+    plan = make_plan(cluster, model, "drover")
+    return Proposal(
+        rates,
+        plan,
+        evaluate(current, cluster, model).step_time_s,
+        evaluate(plan, cluster, model).step_time_s,
+        migration_seconds(current, plan, cluster, model, restart_s),
+    )
+
+
+def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
+    """The planner's view of agents' nodes: devices as GPUs, NICs as links."""
+    out = []
+    for name, devices, nics in nodes:
+        first = devices[0]
+        rdma = tuple(Nic(n.type, n.gbps or 100.0) for n in nics if n.type in ("infiniband", "roce"))
+        ethernet = max([n.gbps for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
+        # CPU workers talk through gloo over loopback, which is latency-bound: the cost model has
+        # no latency term, so CPU links get a low bandwidth (0.3 Gbps in a node, 1 Gbps between
+        # nodes), chosen so the planner, like a measurement here, finds TP not worth it on CPU.
+        intra = 0.3 if first.kind == "cpu" else 2400.0
+        if first.kind == "cpu":
+            ethernet = min(ethernet, 1.0)
+        out.append(
+            Node(
+                name,
+                len(devices),
+                Gpu(first.name or first.kind, first.tflops or 0.05, first.memory_gib or 16.0),
+                intra_gbps=intra,
+                ethernet_gbps=ethernet,
+                nics=rdma,
+            )
+        )
+    return Cluster("agents", tuple(out))
