@@ -22,7 +22,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
-from .supervisor import JobWorkers
+from .supervisor import FailedAtStart, JobWorkers, inside
 
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
@@ -37,11 +37,13 @@ class Agent:
         cpu_devices: int = 0,
         interval_s: float = 0.5,
         work_dir: str = ".drover-agent",
+        data_root: str = "drover-data",
     ):
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         self.devices = discovery.devices(node, cpu_devices)
         self.nics = discovery.nics()
         self.work_dir = Path(work_dir)
+        self.data_root = Path(data_root)  # every job's output lies inside it
         self.jobs: dict[str, JobWorkers] = {}
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
@@ -114,19 +116,24 @@ class Agent:
             start = message.start_job
             if start.job_id in self.jobs:
                 return  # already running it: the reconnect resend of desired state
-            self.jobs[start.job_id] = JobWorkers(
-                start.job_id,
-                json.loads(start.model_yaml),
-                start.steps,
-                start.seed,
-                start.world_size,
-                dict(start.ranks),
-                f"tcp://{start.master_addr}:{start.master_port}",
-                plan_from_proto(start.plan, "start_job.plan"),
-                start.out_dir,
-                self.node,
-                self.work_dir,
-            )
+            try:
+                self.jobs[start.job_id] = JobWorkers(
+                    start.job_id,
+                    json.loads(start.model_yaml),
+                    start.steps,
+                    start.seed,
+                    start.world_size,
+                    dict(start.ranks),
+                    f"tcp://{start.master_addr}:{start.master_port}",
+                    plan_from_proto(start.plan, "start_job.plan"),
+                    inside(self.data_root, start.out_dir),
+                    self.node,
+                    self.work_dir,
+                )
+            except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
+                log.error("job %s cannot start here: %s", start.job_id[:80], exc)
+                self.jobs[start.job_id] = FailedAtStart(f"workers could not start on {self.node}: {exc}")
+                return
             log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
         elif kind == "plan":
             workers = self.jobs.get(message.plan.job_id)

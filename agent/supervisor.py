@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from drover.planner.model import model_from_dict
@@ -12,6 +13,44 @@ from drover.planner.plan import Plan
 
 from .runtime.launch import worker_context
 from .runtime.worker import WorkerArgs, worker_main
+
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def inside(root: Path, relative: str) -> Path:
+    """`root / relative`, resolved (symlinks followed), refused unless it stays inside `root`:
+    names from the network never reach outside the agent's folders."""
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if Path(relative).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"{relative[:80]!r} leads outside {root}")
+    return path
+
+
+class FailedAtStart:
+    """A job whose workers could not start here (an unusable out dir, a bad name): reported
+    failed with the cause, like workers that exited, while the agent serves its other jobs."""
+
+    def __init__(self, detail: str):
+        self.detail, self.local, self.step, self.active_version = detail, {}, -1, 0
+
+    def state(self) -> tuple[str, str]:
+        return "failed", self.detail
+
+    def new_telemetry(self) -> list[dict]:
+        return []
+
+    def new_migrations(self) -> list[dict]:
+        return []
+
+    def hand_plan(self, version: int, plan: Plan) -> None:
+        pass
+
+    def straggle(self, device: str, rate: float, from_step: int) -> bool:
+        return False
+
+    def stop(self) -> None:
+        pass
 
 
 def write_atomically(path: Path, data: dict) -> None:
@@ -32,12 +71,14 @@ class JobWorkers:
         ranks: dict[str, int],
         master: str,
         plan: Plan,
-        out_dir: str,
+        out_dir: Path,
         node: str,
         inbox_root: Path,
     ):
-        self.job_id, self.out_dir, self.node = job_id, Path(out_dir), node
-        self.inbox = inbox_root / job_id
+        self.job_id, self.out_dir, self.node = job_id, out_dir, node
+        if not JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
+        self.inbox = inside(inbox_root, job_id)
         self.inbox.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from drover.control_plane.jobfile import read_job_file
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
 
 DEFAULT_ADDRESS = os.environ.get("DROVER_CONTROL_PLANE", "127.0.0.1:50051")
@@ -18,16 +19,11 @@ def connect(address: str = DEFAULT_ADDRESS) -> jobs_pb2_grpc.JobServiceStub:
     return jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(address))
 
 
-def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: Path | None = None) -> jobs_pb2.Job:
-    """Submit a job file; a model path inside it is relative to the file's folder. Without
-    `out_dir` the control plane picks where the job's output goes. OSError if unreadable."""
-    return stub.SubmitJob(
-        jobs_pb2.SubmitJobRequest(
-            job_yaml=job_file.read_text(),
-            base_dir=str(job_file.parent.resolve()),
-            out_dir=str(out_dir.resolve()) if out_dir else "",
-        )
-    )
+def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str = "") -> jobs_pb2.Job:
+    """Submit a job file, read here with its model file inlined (a model path inside it is
+    relative to the file's folder). `out_dir` is relative to each agent's data root; empty:
+    the control plane's default. SpecError for a bad or unreadable file."""
+    return stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=read_job_file(job_file), out_dir=out_dir))
 
 
 def to_dict(message) -> dict:

@@ -120,9 +120,16 @@ def server(db: str, listen: str, **settings) -> None:
     help="Seconds between telemetry messages.",
 )
 @click.option("--work-dir", default=".drover-agent", show_default=True, help="Where job inboxes live.")
-def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str) -> None:
+@click.option(
+    "--data-root",
+    default="drover-data",
+    show_default=True,
+    envvar="DROVER_DATA_ROOT",
+    help="Jobs' outputs go here, each in the folder its job names (never outside).",
+)
+def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str, data_root: str) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
 
     _log_to_stderr()
-    run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}").run_forever())
+    run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root).run_forever())

@@ -25,7 +25,8 @@ class LocalClusterError(RuntimeError):
 class LocalCluster:
     """`drover server` (SQLite at WORK_DIR/drover.db) and `drover agent` processes node-0 ..
     node-N-1 with K CPU devices each, started, and waited for until every agent is connected.
-    Logs go to WORK_DIR/logs, job inboxes to WORK_DIR/agents. `stop()` (or leaving a `with`
+    Logs go to WORK_DIR/logs, job inboxes to WORK_DIR/agents, and WORK_DIR is the agents' data
+    root, where jobs' outputs go. `stop()` (or leaving a `with`
     block) sends SIGTERM to all, as docker does, and kills what has not exited 15 s later."""
 
     def __init__(
@@ -59,6 +60,8 @@ class LocalCluster:
                             str(telemetry_interval_s),
                             "--work-dir",
                             str(self.work_dir / "agents"),
+                            "--data-root",
+                            str(self.work_dir),
                         ],
                         f"agent-{i}.log",
                         "w",
@@ -81,8 +84,9 @@ class LocalCluster:
     def connected_nodes(self) -> int:
         return sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest(), timeout=2).nodes)
 
-    def submit(self, job_file: Path, out_dir: Path) -> jobs_pb2.Job:
-        return submit_job(self.stub, Path(job_file), Path(out_dir))
+    def submit(self, job_file: Path, out_dir: str = ".") -> jobs_pb2.Job:
+        """Submit a job; its output goes to WORK_DIR/out_dir (the agents' data root is WORK_DIR)."""
+        return submit_job(self.stub, Path(job_file), out_dir)
 
     def job(self, job_id: str) -> jobs_pb2.Job:
         return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))

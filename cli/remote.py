@@ -48,15 +48,17 @@ def job() -> None:
 
 @job.command("submit")
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", default="", help="Where the job's trace, migrations and model go.")
+@click.option(
+    "--out",
+    "out_dir",
+    default="",
+    help="Where the job's trace, migrations and model go: relative to each agent's --data-root (default jobs/JOB_ID).",
+)
 @control_plane_option
 @json_option
 def job_submit(job_file: str, out_dir: str, address: str, as_json: bool) -> None:
     """Submit a job file (model, steps, seed)."""
-    try:
-        submitted = submit_job(connect(address), Path(job_file), Path(out_dir) if out_dir else None)
-    except OSError as exc:
-        raise click.BadParameter(f"{job_file}: {exc.strerror}", param_hint="JOB_FILE") from exc
+    submitted = submit_job(connect(address), Path(job_file), out_dir)
     _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
 
 

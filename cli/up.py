@@ -53,7 +53,7 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
     with LocalCluster(out, nodes, devices_per_node) as cluster:
-        submitted = cluster.submit(Path(job_file), out)
+        submitted = cluster.submit(Path(job_file), ".")
         click.echo(
             f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
             f"{devices_per_node} devices; control plane {cluster.address}"

@@ -158,7 +158,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.read = cp.store.query  # off the event loop
 
     async def SubmitJob(self, request, context):
-        return _job(await self.cp.submit(request.job_yaml, request.base_dir, request.out_dir))
+        return _job(await self.cp.submit(request.job_yaml, request.out_dir))
 
     async def GetJob(self, request, context):
         job = await self.read(lambda s: queries.get_job(s, request.job_id))

@@ -23,7 +23,6 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from drover.planner import Plan, make_plan, plan_from_dict
 from drover.planner.ports import free_port
@@ -36,8 +35,8 @@ from drover.v1 import agent_pb2
 from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
-from .jobfile import JobSpec, job_from_yaml
-from .validation import FailedPrecondition, InvalidArgument, check_hello, check_telemetry
+from .jobfile import JobSpec, job_from_wire
+from .validation import FailedPrecondition, InvalidArgument, check_hello, check_out_dir, check_telemetry
 
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
@@ -122,7 +121,7 @@ class ControlPlane:
             return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session) if job.state == "running"]
 
         for job, plan_row in await self.store.write(load):
-            spec = job_from_yaml(job.model_yaml, source=f"job {job.id}")
+            spec = job_from_wire(job.model_yaml, source=f"job {job.id}")
             ranks = json.loads(job.ranks_json)
             self._track(
                 RunningJob(
@@ -321,8 +320,9 @@ class ControlPlane:
 
     # -- jobs -------------------------------------------------------------------------
 
-    async def submit(self, job_yaml: str, base_dir: str, out_dir: str) -> Job:
-        spec = job_from_yaml(job_yaml, base_dir or ".", "job_yaml")
+    async def submit(self, job_yaml: str, out_dir: str) -> Job:
+        spec = job_from_wire(job_yaml, "job_yaml")
+        out_dir = check_out_dir(out_dir)
         nodes = await self.store.write(
             lambda s: [
                 (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
@@ -338,8 +338,7 @@ class ControlPlane:
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         job_id = f"job-{int(time.time() * 1000) % 10**10}"
-        out = Path(out_dir or f"drover-out/{job_id}").resolve()
-        out.mkdir(parents=True, exist_ok=True)
+        out = out_dir or f"jobs/{job_id}"  # relative: each agent resolves it inside its data root
         model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
         # On this machine a free port is known; elsewhere take one per job from a fixed range.
@@ -354,7 +353,7 @@ class ControlPlane:
                     model_name=spec.model.name,
                     steps=spec.steps,
                     seed=spec.seed,
-                    out_dir=str(out),
+                    out_dir=out,
                     created=time.time(),
                     ranks_json=json.dumps(ranks),
                     master_addr=master_addr,
@@ -386,7 +385,7 @@ class ControlPlane:
             master_port=port,
             plan_version=1,
             plan=plan_to_proto(plan),
-            out_dir=str(out),
+            out_dir=out,
         )
         for node in job.nodes:
             self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))

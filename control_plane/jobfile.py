@@ -1,4 +1,11 @@
-"""Job files: the model (a path relative to the job file, or inline), steps and seed."""
+"""Job files: the model (inline, or a path relative to the job file), steps
+and seed.
+
+Over the network a job is its file's text with the model inline: the CLI
+reads the files where the user runs it (`read_job_file`) and the server
+never opens a path it was sent (`job_from_wire`). Wire YAML may not use
+anchors and aliases, so a few hundred bytes cannot expand into gigabytes.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.spec_io import Fields, load_mapping
 
+MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -20,21 +29,40 @@ class JobSpec:
     seed: int
 
 
-def job_from_yaml(text: str, base_dir: str | Path = ".", source: str = "job") -> JobSpec:
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases (the billion-laughs expansion)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases are not allowed", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
+    """A job sent over the network: bounded, alias-free, the model inline."""
+    if len(text.encode()) > MAX_JOB_BYTES:
+        raise SpecError(source, "(file)", f"{len(text.encode())} bytes", f"at most {MAX_JOB_BYTES} bytes")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as exc:
-        raise SpecError(source, "(file)", source, f"valid YAML ({exc})") from None
+        raise SpecError(source, "(file)", source, f"valid YAML without anchors or aliases ({exc})") from None
+    return _job(data, source, base_dir=None)
+
+
+def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     f = Fields(data, source)
     f.reject_unknown({"name", "model", "steps", "seed"})
     raw_model = f.get("model")
-    if isinstance(raw_model, str):
-        model_path = Path(base_dir) / raw_model
+    if isinstance(raw_model, str) and base_dir is not None:
+        model_path = base_dir / raw_model
         model_data = load_mapping(model_path, "model")
         model = model_from_dict(model_data, str(model_path))
     elif isinstance(raw_model, dict):
         model_data = raw_model
         model = model_from_dict(model_data, f"{source}: model")
+    elif base_dir is None:
+        raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
     if model.family != "gpt":  # the planner plans llama; the workers build gpt blocks only, for now
@@ -43,9 +71,15 @@ def job_from_yaml(text: str, base_dir: str | Path = ".", source: str = "job") ->
 
 
 def load_job(path: str | Path) -> JobSpec:
+    """A job file on this machine; its model path is relative to the file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(str(path), "(file)", str(path), f"a readable job file ({exc.strerror})") from None
-    return job_from_yaml(text, path.parent, str(path))
+    return _job(load_mapping(path, "job"), str(path), path.parent)
+
+
+def read_job_file(path: str | Path) -> str:
+    """A job file as the server takes it: YAML with the model inline (read here)."""
+    path = Path(path)
+    job = load_job(path)  # checked here first: a bad file fails where the user can fix it
+    data = load_mapping(path, "job")
+    data["model"] = job.model_data
+    return yaml.safe_dump(data, sort_keys=False)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import PurePosixPath
 
+from drover.planner.errors import quote
 from drover.v1 import agent_pb2
 
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
@@ -18,6 +20,18 @@ class FailedPrecondition(RuntimeError):
 
 class InvalidArgument(ValueError):
     """Input that names its field, value and what is allowed (from the wire, not a file)."""
+
+
+def check_out_dir(out_dir: str) -> str:
+    """A job's output folder as every agent will find it: relative to the agent's data root,
+    without '..'; the control plane itself never touches it. Empty: jobs/JOB_ID."""
+    path = PurePosixPath(out_dir)
+    if len(out_dir) > 255 or path.is_absolute() or ".." in path.parts or "\\" in out_dir or "\0" in out_dir:
+        raise InvalidArgument(
+            f"out_dir = {quote(out_dir)}: a relative path of at most 255 characters without '..', "
+            f"inside each agent's --data-root"
+        )
+    return str(path) if out_dir else ""
 
 
 def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:

@@ -5,13 +5,21 @@ value that broke it and what is allowed, so a user can fix the file without
 reading code. The CLI maps these to exit status 2 in one place.
 """
 
+QUOTED_CHARS = 80  # an error quotes at most this much of a value: input can be large or hostile
+
+
+def quote(value) -> str:
+    """repr(value), cut to a short prefix."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_CHARS else f"{text[:QUOTED_CHARS]}... ({len(text)} characters)"
+
 
 class SpecError(ValueError):
     """A cluster, model or events file has a bad or missing field."""
 
     def __init__(self, source: str, field: str, value, allowed: str):
         self.source, self.field, self.value, self.allowed = source, field, value, allowed
-        super().__init__(f"{source}: field '{field}' = {value!r}: {allowed}")
+        super().__init__(f"{source}: field '{field[:QUOTED_CHARS]}' = {quote(value)}: {allowed}")
 
 
 class PlanError(ValueError):

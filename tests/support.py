@@ -12,14 +12,14 @@ import grpc
 
 from drover.control_plane.api import start_server, stop_server
 from drover.control_plane.controller import ControlPlane
+from drover.control_plane.jobfile import read_job_file
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.model import model_from_dict
 from drover.planner.plan import plan_from_dict
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_JOB = (ROOT / "examples" / "jobs" / "tiny.yaml").read_text()
-JOBS_DIR = str(ROOT / "examples" / "jobs")
+TINY_JOB = read_job_file(ROOT / "examples" / "jobs" / "tiny.yaml")  # as the CLI sends it: the model inline
 
 
 async def eventually(check, timeout_s: float = 10.0, every_s: float = 0.05, what: str = "condition"):
@@ -101,9 +101,7 @@ class Plane:
         await eventually(enough, what=f"{count} agents connected")
 
     async def submit(self, job_yaml: str = TINY_JOB) -> jobs_pb2.Job:
-        return await self.jobs.SubmitJob(
-            jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, base_dir=JOBS_DIR, out_dir=str(self.tmp / "out"))
-        )
+        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir="out"))
 
     async def events(self, job_id: str) -> list[jobs_pb2.Event]:
         return [e async for e in _until_quiet(self.jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)))]

@@ -15,7 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from drover.storage.models import TelemetrySample
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
-from support import JOBS_DIR as BASE
 from support import TINY_JOB as JOB
 from support import cpu_device
 
@@ -34,10 +33,10 @@ async def test_health_and_reflection(plane):
 
 
 async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
-    jobs, tmp = plane.jobs, plane.tmp
+    jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "out")))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="out"))
     start = (await agent.receive()).start_job
     assert start.job_id == job.id and start.world_size == 2 and dict(start.ranks) == {"node-0/0": 0, "node-0/1": 1}
     plans = await jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id))
@@ -63,9 +62,18 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
 @pytest.mark.parametrize(
     "yaml_text, fragment",
     [
-        ("model: ../models/tiny.yaml\nsteps: 0\n", "'steps' = 0"),
-        ("model: ../models/missing.yaml\nsteps: 3\n", "missing.yaml"),
+        (JOB.replace("steps: 30", "steps: 0"), "'steps' = 0"),
+        # The server opens no path it is sent: not a model file, not /etc/shadow.
+        ("model: ../models/tiny.yaml\nsteps: 3\n", "the server opens no paths"),
+        ("model: /etc/shadow\nsteps: 3\n", "the server opens no paths"),
         ("steps: 3\n", "'model'"),
+        # A 411-byte alias bomb: refused before it expands.
+        (
+            "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+            "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\nmodel: *d\nsteps: 3\n",
+            "anchors and aliases are not allowed",
+        ),
+        ("name: " + "x" * 70_000 + "\n", "at most 65536 bytes"),
         ("model: {layers: 2}\nsteps: 3\n", "'hidden'"),
         ("model: [unclosed\n", "valid YAML"),
     ],
@@ -74,7 +82,7 @@ async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
     jobs = plane.jobs
     plane.agent("node-0")
     await plane.connected(1)
-    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=yaml_text, base_dir=BASE)))
+    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=yaml_text)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in details
     assert (await jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
 
@@ -95,8 +103,8 @@ async def test_unknown_ids_are_not_found(plane):
 
 
 async def test_preconditions_and_bad_values(plane):
-    jobs, _agents = plane.jobs, plane.agents
-    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE)))
+    jobs = plane.jobs
+    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "agents" in details
     plane.agent("node-0")
     await plane.connected(1)
@@ -115,10 +123,10 @@ async def test_preconditions_and_bad_values(plane):
     ],
 )
 async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
-    jobs, tmp = plane.jobs, plane.tmp
+    jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
     await agent.receive()
     agent.send(
         telemetry=agent_pb2.Telemetry(
@@ -171,10 +179,10 @@ async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
 
 
 async def test_wrong_generation_rejected(plane):
-    jobs, tmp = plane.jobs, plane.tmp
+    jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
     await agent.receive()
     agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=7))
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -184,10 +192,10 @@ async def test_wrong_generation_rejected(plane):
 
 
 async def test_cancel_twice_is_failed_precondition(plane):
-    jobs, tmp = plane.jobs, plane.tmp
+    jobs = plane.jobs
     plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
     assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_CANCELLED
     code, _ = await code_of(jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -210,10 +218,10 @@ async def test_device_that_stops_reporting_fails_the_job(plane_factory):
 
 
 async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, monkeypatch):
-    cp, jobs, tmp = plane.cp, plane.jobs, plane.tmp
+    cp, jobs = plane.cp, plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, base_dir=BASE, out_dir=str(tmp / "o")))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
     await agent.receive()
     write, failures = cp.store._insert_and_trim, []
 

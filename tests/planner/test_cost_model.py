@@ -254,11 +254,3 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("- just a list")
     with pytest.raises(SpecError, match="mapping"):
         load_model(bad)
-
-
-def test_job_with_a_model_the_runtime_cannot_build_is_refused():
-    from drover.control_plane.jobfile import job_from_yaml
-
-    with pytest.raises(SpecError) as info:
-        job_from_yaml(json.dumps({"model": {**GOOD_MODEL, "family": "llama"}, "steps": 2}), source="job.yaml")
-    assert info.value.field == "model.family" and "gpt" in str(info.value)

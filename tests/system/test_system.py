@@ -121,8 +121,8 @@ def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 60\nseed: 4\n")
     c = local_cluster()
-    out = tmp_path / "out"
-    job = c.submit(job_file, out)
+    out = tmp_path / "out"  # the agents' data root is tmp_path
+    job = c.submit(job_file, "out")
     c.wait_until(lambda: c.job(job.id).committed_plan_version == 1 and c.job(job.id).step >= 3)
     step_before = c.job(job.id).step
     c.restart_server()
@@ -159,7 +159,7 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 400\nseed: 1\n")
     c = local_cluster()
-    job = c.submit(job_file, tmp_path / "out")
+    job = c.submit(job_file, "out")
     c.wait_until(lambda: c.job(job.id).step >= 3)
     workers = _workers_of(c.agents[1].pid)
     assert len(workers) == 2, workers
@@ -186,7 +186,7 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     c = local_cluster(nodes=1, devices_per_node=2)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
-    submitted = run_cli(c.address, "job", "submit", str(job_file), "--out", str(tmp_path / "out"), "--json")
+    submitted = run_cli(c.address, "job", "submit", str(job_file), "--out", "out", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     watched = run_cli(c.address, "job", "watch", job_id)
@@ -213,3 +213,19 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     bad = run_cli(c.address, "straggle", "node-0/0", "0.5")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
     assert c.stop() == [0, 0]  # SIGTERM: the agent and the server exit promptly and cleanly
+
+
+def test_an_out_dir_that_leads_outside_the_data_root_fails_only_that_job(local_cluster, tmp_path):
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "escape").symlink_to(elsewhere)  # inside the agents' data root, pointing out of it
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
+    c = local_cluster(nodes=1, devices_per_node=2)
+    job = c.submit(job_file, "escape/run")
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    assert final.state == state_pb2.JOB_STATE_FAILED and "outside" in final.detail
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    again = c.submit(job_file, "fine")  # the agent still serves other jobs
+    done = c.wait_until(lambda: c.job(again.id) if c.job(again.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail

@@ -9,14 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("job_yaml", "base_dir", "out_dir")
+    __slots__ = ("job_yaml", "out_dir")
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]
-    BASE_DIR_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
     job_yaml: str
-    base_dir: str
     out_dir: str
-    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_yaml: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir")

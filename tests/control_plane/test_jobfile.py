@@ -1,0 +1,56 @@
+"""Job files: read where the user runs the CLI, taken by the server only with
+the model inline, bounded and alias-free."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from drover.control_plane.jobfile import job_from_wire, load_job, read_job_file
+from drover.control_plane.validation import InvalidArgument, check_out_dir
+from drover.planner.errors import SpecError
+
+from support import ROOT
+
+TINY = ROOT / "examples" / "jobs" / "tiny.yaml"
+MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128, "global_batch": 16, "micro_batch": 2}
+
+
+def test_the_cli_inlines_the_model_file_and_the_server_takes_it():
+    sent = read_job_file(TINY)
+    assert isinstance(yaml.safe_load(sent)["model"], dict)
+    assert job_from_wire(sent) == load_job(TINY)
+
+
+@pytest.mark.parametrize("model", ["../models/tiny.yaml", "/etc/shadow", "/dev/zero"])
+def test_the_server_opens_no_path(model, monkeypatch):
+    opened = []
+    monkeypatch.setattr("pathlib.Path.read_text", lambda self, *a, **k: opened.append(self) or "")
+    with pytest.raises(SpecError, match="opens no paths"):
+        job_from_wire(f"model: {model}\nsteps: 3\n")
+    assert opened == []
+
+
+def test_a_job_with_a_model_the_runtime_cannot_build_is_refused():
+    with pytest.raises(SpecError) as info:
+        job_from_wire(json.dumps({"model": {**MODEL, "family": "llama"}, "steps": 2}))
+    assert info.value.field == "model.family" and "gpt" in str(info.value)
+
+
+def test_errors_quote_only_a_prefix_of_a_huge_value():
+    with pytest.raises(SpecError) as info:
+        job_from_wire(json.dumps({"model": {**MODEL, "name": ["x" * 50_000]}, "steps": 2}))
+    assert len(str(info.value)) < 400 and "50004 characters" in str(info.value)
+
+
+@pytest.mark.parametrize("out_dir", ["/etc", "../up", "a/../../b", "x" * 300, "a\\..\\b", "a\0b"])
+def test_out_dir_from_the_network_stays_relative(out_dir):
+    with pytest.raises(InvalidArgument, match="out_dir"):
+        check_out_dir(out_dir)
+
+
+@pytest.mark.parametrize("out_dir, kept", [("", ""), ("runs/a", "runs/a"), (".", "."), ("runs//a/", "runs/a")])
+def test_good_out_dirs(out_dir, kept):
+    assert check_out_dir(out_dir) == kept
