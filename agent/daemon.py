@@ -29,6 +29,16 @@ AGENT_VERSION = "0.1.0"
 HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least this often
 
 
+def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
+    """Mutual TLS: this node's certificate (node-NODE.pem, from `drover certs init`), and
+    only a control plane whose certificate the cluster's CA signed is believed."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=(tls_dir / "ca.pem").read_bytes(),
+        private_key=(tls_dir / f"node-{node}.key").read_bytes(),
+        certificate_chain=(tls_dir / f"node-{node}.pem").read_bytes(),
+    )
+
+
 class Agent:
     def __init__(
         self,
@@ -38,12 +48,14 @@ class Agent:
         interval_s: float = 0.5,
         work_dir: str = ".drover-agent",
         data_root: str = "drover-data",
+        tls_dir: str | Path | None = None,
     ):
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         self.devices = discovery.devices(node, cpu_devices)
         self.nics = discovery.nics()
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root)  # every job's output lies inside it
+        self.credentials = _credentials(Path(tls_dir), node) if tls_dir is not None else None
         self.jobs: dict[str, JobWorkers] = {}
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
@@ -67,7 +79,11 @@ class Agent:
             self.stop()
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.address, options=STREAM_OPTIONS) as channel:
+        if self.credentials is None:
+            channel = grpc.aio.insecure_channel(self.address, options=STREAM_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(self.address, self.credentials, options=STREAM_OPTIONS)
+        async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             outbox: asyncio.Queue = asyncio.Queue()
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))

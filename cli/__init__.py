@@ -32,6 +32,7 @@ for command in (
     up.up,
     daemons.server,
     daemons.agent,
+    daemons.certs,
     remote.job,
     remote.nodes,
     remote.telemetry,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -15,8 +16,36 @@ from drover.v1 import jobs_pb2, jobs_pb2_grpc
 DEFAULT_ADDRESS = os.environ.get("DROVER_CONTROL_PLANE", "127.0.0.1:50051")
 
 
-def connect(address: str = DEFAULT_ADDRESS) -> jobs_pb2_grpc.JobServiceStub:
-    return jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(address))
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A control plane and how to reach it: TLS checked against `ca` with a bearer `token`,
+    or (`ca` None) plain on loopback, for a server started with --insecure."""
+
+    address: str
+    ca: bytes | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_files(cls, address: str, ca_file: str | Path, token_file: str | Path) -> Target:
+        return cls(address, Path(ca_file).read_bytes(), Path(token_file).read_text().strip())
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+
+def connect(target: Target) -> jobs_pb2_grpc.JobServiceStub:
+    if target.ca is None:
+        if target.host not in LOOPBACK:
+            raise ValueError(f"{target.address}: without TLS only a loopback control plane may be reached")
+        return jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(target.address))
+    credentials = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials(root_certificates=target.ca), grpc.access_token_call_credentials(target.token)
+    )
+    return jobs_pb2_grpc.JobServiceStub(grpc.secure_channel(target.address, credentials))
 
 
 def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str = "") -> jobs_pb2.Job:
@@ -36,4 +65,4 @@ def to_json(message) -> str:
     return json.dumps(to_dict(message), indent=2)
 
 
-__all__ = ["connect", "submit_job", "to_dict", "to_json", "jobs_pb2", "DEFAULT_ADDRESS"]
+__all__ = ["Target", "connect", "submit_job", "to_dict", "to_json", "jobs_pb2", "DEFAULT_ADDRESS"]

@@ -13,8 +13,10 @@ from pathlib import Path
 import click
 
 from drover.control_plane.detector import SETTINGS, DetectorSettings
+from drover.control_plane.identity import ROLES, add_node, add_token, make_credentials
 
-from .options import control_plane_option
+from .client import LOOPBACK
+from .options import insecure_option
 
 DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
 
@@ -88,23 +90,64 @@ def detector_options(command):
     "--db", default="drover.db", show_default=True, envvar="DROVER_DB", help="SQLite file, or any SQLAlchemy URL."
 )
 @click.option(
-    "--listen", default="127.0.0.1:50051", show_default=True, envvar="DROVER_LISTEN", help="Address to serve gRPC on."
+    "--listen",
+    default="127.0.0.1:50051",
+    show_default=True,
+    envvar="DROVER_LISTEN",
+    help="Address for clients (the job service: TLS and a bearer token).",
 )
+@click.option(
+    "--agent-listen",
+    default="127.0.0.1:50052",
+    show_default=True,
+    envvar="DROVER_AGENT_LISTEN",
+    help="Address for agents (the agent stream: mutual TLS, each certificate naming its node).",
+)
+@click.option(
+    "--tls-dir",
+    type=click.Path(file_okay=False, exists=True),
+    envvar="DROVER_TLS_DIR",
+    help="ca.pem, server.pem, server.key and tokens.json (drover certs init makes them).",
+)
+@insecure_option
+@click.option("--emulation", is_flag=True, envvar="DROVER_EMULATION", help="Allow `drover straggle` (admin only).")
 @detector_options
-def server(db: str, listen: str, **settings) -> None:
+def server(
+    db: str, listen: str, agent_listen: str, tls_dir: str | None, insecure: bool, emulation: bool, **settings
+) -> None:
     """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
-    from drover.control_plane.api import serve
+    from drover.control_plane.api import check_loopback, serve
 
+    if (tls_dir is None) == (not insecure):
+        raise click.UsageError("give --tls-dir DIR (drover certs init makes one) or --insecure (loopback only)")
     try:
+        if insecure:
+            check_loopback(listen, agent_listen)
         detector = DetectorSettings(**settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     _log_to_stderr()
-    run_until_stopped(serve(db, listen, detector=detector))
+    run_until_stopped(
+        serve(db, listen, agent_address=agent_listen, tls_dir=tls_dir, emulation=emulation, detector=detector)
+    )
 
 
 @click.command()
-@control_plane_option
+@click.option(
+    "--control-plane",
+    "address",
+    default="127.0.0.1:50052",
+    show_default=True,
+    envvar="DROVER_AGENT_CONTROL_PLANE",
+    help="host:port of the control plane's agent port.",
+)
+@click.option(
+    "--tls-dir",
+    type=click.Path(file_okay=False, exists=True),
+    envvar="DROVER_TLS_DIR",
+    help="ca.pem and node-NODE.pem/.key of this node (drover certs init makes them).",
+)
+@insecure_option
 @click.option("--node", default=socket.gethostname(), show_default=True, help="This node's name.")
 @click.option(
     "--cpu-devices",
@@ -127,9 +170,74 @@ def server(db: str, listen: str, **settings) -> None:
     envvar="DROVER_DATA_ROOT",
     help="Jobs' outputs go here, each in the folder its job names (never outside).",
 )
-def agent(address: str, node: str, cpu_devices: int, interval: float, work_dir: str, data_root: str) -> None:
+def agent(
+    address: str,
+    tls_dir: str | None,
+    insecure: bool,
+    node: str,
+    cpu_devices: int,
+    interval: float,
+    work_dir: str,
+    data_root: str,
+) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
 
+    if (tls_dir is None) == (not insecure):
+        raise click.UsageError("give --tls-dir DIR (with this node's certificate) or --insecure (loopback only)")
+    if insecure and address.rsplit(":", 1)[0] not in LOOPBACK:
+        raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
     _log_to_stderr()
-    run_until_stopped(Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root).run_forever())
+    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir)
+    run_until_stopped(agent.run_forever())
+
+
+@click.group()
+def certs() -> None:
+    """Create a small cluster's CA, certificates and client tokens."""
+
+
+@certs.command("init")
+@click.option("--dir", "folder", default="certs", show_default=True, help="Where the files go (new or empty).")
+@click.option("--node", "nodes", multiple=True, help="A node to make an agent certificate for; repeatable.")
+@click.option(
+    "--server-name",
+    "server_names",
+    multiple=True,
+    help="A name or address clients and agents dial the control plane by; repeatable "
+    "(localhost, 127.0.0.1 and ::1 are always included).",
+)
+def certs_init(folder: str, nodes: tuple[str, ...], server_names: tuple[str, ...]) -> None:
+    """A CA, the control plane's certificate, one per --node, and admin, operator and reader tokens."""
+    path = Path(folder)
+    if path.exists() and any(path.iterdir()):
+        raise click.UsageError(f"{folder} is not empty: certs init never overwrites a CA")
+    make_credentials(path, list(nodes), ["localhost", "127.0.0.1", "::1", *server_names])
+    click.echo(
+        f"{folder}: ca.pem, server.pem, "
+        + "".join(f"node-{n}.pem, " for n in nodes)
+        + "admin.token, operator.token, reader.token (keep ca.key and the tokens private)"
+    )
+
+
+@certs.command("add-node")
+@click.argument("node")
+@click.option("--dir", "folder", default="certs", show_default=True)
+def certs_add_node(node: str, folder: str) -> None:
+    """A certificate for a node joining the cluster (or a new one for a node: rotation)."""
+    try:
+        add_node(Path(folder), node)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NODE") from None
+    click.echo(f"{folder}/node-{node}.pem")
+
+
+@certs.command("add-token")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), required=True)
+@click.option("--dir", "folder", default="certs", show_default=True)
+def certs_add_token(name: str, role: str, folder: str) -> None:
+    """A bearer token for a client; an existing token of that name stops working (rotation).
+    The server reads tokens.json at start: restart it to apply."""
+    add_token(Path(folder), name, role)
+    click.echo(f"{folder}/{name}.token ({role})")

@@ -3,6 +3,7 @@ runs its job on, and what the system tests start."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import grpc
 
+from drover.control_plane.identity import make_credentials
 from drover.planner.ports import free_port
 
-from .client import connect, jobs_pb2, submit_job
+from .client import Target, connect, jobs_pb2, submit_job
 
 DROVER = [sys.executable, "-m", "drover.cli"]
 
@@ -25,9 +27,11 @@ class LocalClusterError(RuntimeError):
 class LocalCluster:
     """`drover server` (SQLite at WORK_DIR/drover.db) and `drover agent` processes node-0 ..
     node-N-1 with K CPU devices each, started, and waited for until every agent is connected.
-    Logs go to WORK_DIR/logs, job inboxes to WORK_DIR/agents, and WORK_DIR is the agents' data
-    root, where jobs' outputs go. `stop()` (or leaving a `with`
-    block) sends SIGTERM to all, as docker does, and kills what has not exited 15 s later."""
+    Everything runs over TLS with credentials made in WORK_DIR/certs (the agents with their
+    node certificates, this object's calls with the admin token). Logs go to WORK_DIR/logs,
+    job inboxes to WORK_DIR/agents, and WORK_DIR is the agents' data root, where jobs'
+    outputs go. `stop()` (or leaving a `with` block) sends SIGTERM to all, as docker does,
+    and kills what has not exited 15 s later."""
 
     def __init__(
         self,
@@ -40,7 +44,15 @@ class LocalCluster:
         self.work_dir = Path(work_dir)
         self.logs = self.work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.address = f"127.0.0.1:{free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"  # clients
+        self.agent_address = f"127.0.0.1:{free_port()}"
+        # The secure path is the one run: a fresh CA, certificates for the server and every node,
+        # and the admin token this cluster's own calls use.
+        self.certs = self.work_dir / "certs"
+        if self.certs.exists():
+            shutil.rmtree(self.certs)
+        make_credentials(self.certs, [f"node-{i}" for i in range(nodes)], ["localhost", "127.0.0.1"])
+        self.target = Target.from_files(self.address, self.certs / "ca.pem", self.certs / "admin.token")
         self._log_files = []
         self.server = self._start_server(log_mode="w")
         self.agents: list[subprocess.Popen] = []
@@ -51,7 +63,9 @@ class LocalCluster:
                         [
                             "agent",
                             "--control-plane",
-                            self.address,
+                            self.agent_address,
+                            "--tls-dir",
+                            str(self.certs),
                             "--node",
                             f"node-{i}",
                             "--cpu-devices",
@@ -67,7 +81,7 @@ class LocalCluster:
                         "w",
                     )
                 )
-            self.stub = connect(self.address)
+            self.stub = connect(self.target)
             self.wait_until(
                 lambda: self.connected_nodes() >= nodes, connect_timeout_s, what=f"{nodes} agents to connect"
             )
@@ -140,7 +154,20 @@ class LocalCluster:
 
     def _start_server(self, log_mode: str) -> subprocess.Popen:
         return self._start(
-            ["server", "--db", str(self.work_dir / "drover.db"), "--listen", self.address], "server.log", log_mode
+            [
+                "server",
+                "--db",
+                str(self.work_dir / "drover.db"),
+                "--listen",
+                self.address,
+                "--agent-listen",
+                self.agent_address,
+                "--tls-dir",
+                str(self.certs),
+                "--emulation",
+            ],
+            "server.log",
+            log_mode,
         )
 
     def _start(self, args: list[str], log_name: str, log_mode: str) -> subprocess.Popen:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
-from .client import DEFAULT_ADDRESS
+from .client import DEFAULT_ADDRESS, LOOPBACK, Target
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
-control_plane_option = click.option(
+address_option = click.option(
     "--control-plane",
     "address",
     default=DEFAULT_ADDRESS,
@@ -16,6 +18,47 @@ control_plane_option = click.option(
     envvar="DROVER_CONTROL_PLANE",
     help="host:port of the control plane.",
 )
+insecure_option = click.option(
+    "--insecure",
+    is_flag=True,
+    envvar="DROVER_INSECURE",
+    help="No TLS and no credentials: for a control plane on loopback started with --insecure.",
+)
+
+
+def control_plane_option(command):
+    """--control-plane with how to reach it, given to the command as one `address`: a Target."""
+
+    @address_option
+    @click.option(
+        "--ca",
+        type=click.Path(dir_okay=False, exists=True),
+        envvar="DROVER_CA",
+        help="The cluster's CA certificate (ca.pem of drover certs init).",
+    )
+    @click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False, exists=True),
+        envvar="DROVER_TOKEN_FILE",
+        help="Your bearer token (e.g. operator.token of drover certs init).",
+    )
+    @insecure_option
+    @functools.wraps(command)
+    def with_target(*args, address: str, ca: str | None, token_file: str | None, insecure: bool, **kwargs):
+        if insecure:
+            target = Target(address)
+            if target.host not in LOOPBACK:
+                raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
+        elif ca is None or token_file is None:
+            raise click.UsageError(
+                "give --ca and --token-file ($DROVER_CA, $DROVER_TOKEN_FILE; drover certs init makes them), "
+                "or --insecure for a loopback control plane started with --insecure"
+            )
+        else:
+            target = Target.from_files(address, ca, token_file)
+        return command(*args, address=target, **kwargs)
+
+    return with_target
 
 
 def parse_slowdowns(values, param, example: str, default_step: int | None = None) -> list[tuple[str, float, int]]:

@@ -1,5 +1,10 @@
-"""The grpc.aio server: thin servicers over ControlPlane, errors mapped to
-status codes in one place, standard health checking and reflection."""
+"""The grpc.aio server: thin servicers over ControlPlane, callers
+authenticated and errors mapped to status codes in one place, standard health
+checking and reflection.
+
+Two ports: clients reach the job service over TLS with a bearer token; agents
+reach the agent stream over mutual TLS, their certificate naming their node.
+`--insecure` (loopback only) serves both without TLS and trusts everyone."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import functools
 import inspect
 import json
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,7 +29,8 @@ from drover.storage.queries import NotFound
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from .controller import TERMINAL, ControlPlane
-from .validation import FailedPrecondition, InvalidArgument
+from .identity import Authenticator, load_tokens
+from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 
 log = logging.getLogger("drover.server")
 
@@ -30,7 +38,27 @@ STATUS_OF = [
     ((SpecError, PlanError, InvalidArgument), grpc.StatusCode.INVALID_ARGUMENT),
     ((NotFound,), grpc.StatusCode.NOT_FOUND),
     ((FailedPrecondition,), grpc.StatusCode.FAILED_PRECONDITION),
+    ((Unauthenticated,), grpc.StatusCode.UNAUTHENTICATED),
+    ((PermissionDenied,), grpc.StatusCode.PERMISSION_DENIED),
 ]
+# The least role that may call each JobService RPC (reader < operator < admin).
+ROLE_OF = {
+    "GetJob": "reader",
+    "ListJobs": "reader",
+    "WatchEvents": "reader",
+    "GetPlan": "reader",
+    "ListPlans": "reader",
+    "ListNodes": "reader",
+    "QueryTelemetry": "reader",
+    "SubmitJob": "operator",
+    "CancelJob": "operator",
+    "Replan": "operator",
+    "DrainNode": "operator",
+    "UndrainNode": "operator",
+    "SetDetection": "admin",
+    "Straggle": "admin",
+}
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 async def _abort_for(exc: Exception, context) -> None:
@@ -41,15 +69,17 @@ async def _abort_for(exc: Exception, context) -> None:
 
 
 def map_errors(cls):
-    """Wrap every RPC of a servicer so domain errors become status codes, once."""
+    """Wrap every RPC of a servicer so the caller is authorised (the servicer's `_authorise`)
+    and domain errors become status codes, once."""
     for name, method in list(vars(cls).items()):
         if name.startswith("_") or not callable(method):
             continue
         if inspect.isasyncgenfunction(method):
 
             @functools.wraps(method)
-            async def streaming(self, request, context, _method=method):
+            async def streaming(self, request, context, _method=method, _name=name):
                 try:
+                    self._authorise(_name, context)
                     async for item in _method(self, request, context):
                         yield item
                 except Exception as exc:  # noqa: BLE001 - mapped or re-raised
@@ -59,8 +89,9 @@ def map_errors(cls):
         else:
 
             @functools.wraps(method)
-            async def unary(self, request, context, _method=method):
+            async def unary(self, request, context, _method=method, _name=name):
                 try:
+                    self._authorise(_name, context)
                     return await _method(self, request, context)
                 except Exception as exc:  # noqa: BLE001 - mapped or re-raised
                     await _abort_for(exc, context)
@@ -71,14 +102,20 @@ def map_errors(cls):
 
 @map_errors
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
+    def __init__(self, cp: ControlPlane, auth: Authenticator):
+        self.cp, self.auth = cp, auth
+
+    def _authorise(self, name: str, context) -> None:
+        self.auth.agent(context)  # a node certificate, or insecure
 
     async def Connect(self, requests, context):
+        certified = self.auth.agent(context)
         first = await anext(aiter(requests), None)
         if first is None or not first.HasField("hello"):
             raise InvalidArgument("the first message of a stream must be a hello")
         node = first.hello.node
+        if certified is not None and node != certified:
+            raise PermissionDenied(f"hello.node = {node[:80]!r}: this agent's certificate is for {certified!r}")
         outbox = self.cp.attach(node, _peer_host(context.peer()))
         try:
             await self.cp.hello(first.hello, outbox)
@@ -153,9 +190,12 @@ def _node(session, row) -> jobs_pb2.Node:
 
 @map_errors
 class JobService(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
+    def __init__(self, cp: ControlPlane, auth: Authenticator, emulation: bool = False):
+        self.cp, self.auth, self.emulation = cp, auth, emulation
         self.read = cp.store.query  # off the event loop
+
+    def _authorise(self, name: str, context) -> None:
+        self.auth.client(context, ROLE_OF[name])
 
     async def SubmitJob(self, request, context):
         return _job(await self.cp.submit(request.job_yaml, request.out_dir))
@@ -235,45 +275,96 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         )
 
     async def Straggle(self, request, context):
+        if not self.emulation:
+            raise PermissionDenied("emulation is off: start the server with --emulation to make devices slow")
         return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
 
 
-async def start_server(db: str, address: str, **options) -> tuple[grpc.aio.Server, ControlPlane, int]:
-    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path;
-    `options` go to ControlPlane."""
+def check_loopback(*addresses: str) -> None:
+    """Serving without TLS is for this machine only."""
+    for where in addresses:
+        if where.rsplit(":", 1)[0] not in LOOPBACK:
+            raise ValueError(f"{where}: insecure serving is for loopback only (127.0.0.1, localhost, [::1])")
+
+
+@dataclass
+class Served:
+    server: grpc.aio.Server
+    cp: ControlPlane
+    port: int  # the job service's (and, insecure, the agents')
+    agent_port: int  # the agent stream's
+
+
+def _credentials(tls_dir: Path, agents: bool) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; for the agent port, also each agent's, checked against the CA."""
+    pair = [((tls_dir / "server.key").read_bytes(), (tls_dir / "server.pem").read_bytes())]
+    if not agents:
+        return grpc.ssl_server_credentials(pair)
+    ca = (tls_dir / "ca.pem").read_bytes()
+    return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=True)
+
+
+async def start_server(
+    db: str,
+    address: str,
+    agent_address: str | None = None,
+    tls_dir: str | Path | None = None,
+    emulation: bool = False,
+    **options,
+) -> Served:
+    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path.
+    With `tls_dir` (see `drover certs init`) clients need TLS and a token at `address`, agents
+    mutual TLS at `agent_address`; without it both are served insecure on loopback only.
+    `emulation` allows Straggle; `options` go to ControlPlane."""
+    if tls_dir is None:
+        check_loopback(address, agent_address or address)
+    elif agent_address is None:
+        raise ValueError("with TLS, agents need a port of their own (agent_address)")
+    auth = Authenticator(load_tokens(Path(tls_dir) / "tokens.json") if tls_dir is not None else None)
     store = Store(db if "://" in db else sqlite_url(db))
     cp = ControlPlane(store, **options)
-    await cp.recover()
-    server = grpc.aio.server(options=STREAM_OPTIONS)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp), server)
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [
-        agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-        jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
-        health.SERVICE_NAME,
-        reflection.SERVICE_NAME,
-    ]
-    reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(address)
-    await server.start()
+    try:
+        await cp.recover()
+        # SO_REUSEPORT off: a second server on the same port fails to start instead of sharing it.
+        server = grpc.aio.server(options=STREAM_OPTIONS + [("grpc.so_reuseport", 0)])
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp, auth), server)
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp, auth, emulation), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names = [
+            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+            jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+            health.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, server)
+        if tls_dir is None:
+            port = server.add_insecure_port(address)
+            agent_port = server.add_insecure_port(agent_address) if agent_address else port
+        else:
+            port = server.add_secure_port(address, _credentials(Path(tls_dir), agents=False))
+            agent_port = server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
+        await server.start()
+    except BaseException:
+        await cp.close()  # the database and its lock are let go
+        raise
     for name in names[:2] + [""]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     cp.flusher = asyncio.create_task(cp.flush_forever())
-    log.info("control plane on port %d, database %s", port, db)
-    return server, cp, port
+    security = "TLS" if tls_dir is not None else "INSECURE"
+    log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, db)
+    return Served(server, cp, port, agent_port)
 
 
-async def stop_server(server: grpc.aio.Server, cp: ControlPlane) -> None:
-    await server.stop(grace=1)
-    await cp.close()
+async def stop_server(served: Served) -> None:
+    await served.server.stop(grace=1)
+    await served.cp.close()
 
 
 async def serve(db: str, address: str, **options) -> None:
-    """Run until cancelled; `options` go to ControlPlane."""
-    server, cp, _ = await start_server(db, address, **options)
+    """Run until cancelled; `options` as start_server's."""
+    served = await start_server(db, address, **options)
     try:
-        await server.wait_for_termination()
+        await served.server.wait_for_termination()
     finally:
-        await stop_server(server, cp)
+        await stop_server(served)

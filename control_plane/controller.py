@@ -36,7 +36,14 @@ from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_wire
-from .validation import FailedPrecondition, InvalidArgument, check_hello, check_out_dir, check_telemetry
+from .validation import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    check_hello,
+    check_out_dir,
+    check_telemetry,
+)
 
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
@@ -243,7 +250,12 @@ class ControlPlane:
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
-        job = self.jobs.get(message.job_id)
+        job = self._job_placed_on(node, message.job_id)
+        for i, s in enumerate(message.devices):
+            if not s.device.startswith(node + "/"):
+                raise PermissionDenied(
+                    f"telemetry.devices[{i}].device = {s.device[:80]!r}: node {node} reports for its own devices only"
+                )
         if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
             raise FailedPrecondition(
                 f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
@@ -272,6 +284,7 @@ class ControlPlane:
                     "rate": rates.get(s.device, 1.0),
                 }
                 for s in message.devices
+                if job is not None  # a job that ended, or never was, keeps no samples
             ],
         )
         self.store.buffer_samples(
@@ -306,7 +319,7 @@ class ControlPlane:
         job.wake.set()
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
-        job = self.jobs.get(status.job_id)
+        job = self._job_placed_on(node, status.job_id)
         if job is None:
             return
         state = job_state_name(status.state)
@@ -319,6 +332,13 @@ class ControlPlane:
             await self._end(job, "completed", "", "job_completed", {})
 
     # -- jobs -------------------------------------------------------------------------
+
+    def _job_placed_on(self, node: str, job_id: str) -> RunningJob | None:
+        """The running job, if any; an agent speaks only for jobs placed on its node."""
+        job = self.jobs.get(job_id)
+        if job is not None and node not in job.nodes:
+            raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
+        return job
 
     async def submit(self, job_yaml: str, out_dir: str) -> Job:
         spec = job_from_wire(job_yaml, "job_yaml")

@@ -22,6 +22,14 @@ class InvalidArgument(ValueError):
     """Input that names its field, value and what is allowed (from the wire, not a file)."""
 
 
+class Unauthenticated(PermissionError):
+    """The caller did not prove who it is."""
+
+
+class PermissionDenied(PermissionError):
+    """The caller is known but may not do this."""
+
+
 def check_out_dir(out_dir: str) -> str:
     """A job's output folder as every agent will find it: relative to the agent's data root,
     without '..'; the control plane itself never touches it. Empty: jobs/JOB_ID."""

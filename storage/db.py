@@ -12,6 +12,7 @@ for decisions, plans and events, is kept).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from sqlalchemy import create_engine, delete, event, func, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import Base, NicSample, TelemetrySample
@@ -51,8 +52,28 @@ def sqlite_url(path: str) -> str:
     return f"sqlite:///{path}"
 
 
+class StoreInUse(RuntimeError):
+    """Another process holds this database."""
+
+
+def _lock(url: str):
+    """An exclusive lock next to a SQLite file, held while the store is open: two servers on
+    one database would each believe their own view of the cluster."""
+    engine_url = make_url(url)
+    if engine_url.get_backend_name() != "sqlite" or engine_url.database in (None, "", ":memory:"):
+        return None
+    handle = open(f"{engine_url.database}.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StoreInUse(f"database {engine_url.database} is in use by another drover server") from None
+    return handle
+
+
 class Store:
     def __init__(self, url: str, retention_s: float = TELEMETRY_RETENTION_S):
+        self._lock = _lock(url)
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")
@@ -132,4 +153,6 @@ class Store:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        if self._lock is not None:
+            self._lock.close()  # releases the lock
         self.engine.dispose()

@@ -89,6 +89,7 @@ class Plane:
     agents: agent_pb2_grpc.AgentServiceStub
     channel: grpc.aio.Channel
     tmp: Path
+    port: int
 
     def agent(self, node: str, devices: int = 2) -> ScriptedAgent:
         return ScriptedAgent(self.agents, node, devices)
@@ -120,13 +121,14 @@ async def _until_quiet(stream, quiet_s: float = 0.3):
 
 async def serve_plane(tmp: Path, **options):
     """Start a Plane; returns (plane, stop coroutine function)."""
-    server, cp, port = await start_server(str(tmp / "drover.db"), "127.0.0.1:0", **options)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    plane = Plane(cp, jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel), channel, tmp)
+    served = await start_server(str(tmp / "drover.db"), "127.0.0.1:0", emulation=True, **options)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{served.port}")
+    jobs, agents = jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel)
+    plane = Plane(served.cp, jobs, agents, channel, tmp, served.port)
 
     async def stop():
         await channel.close()
-        await stop_server(server, cp)
+        await stop_server(served)
 
     return plane, stop
 

@@ -227,5 +227,36 @@ def test_up_summary_without_a_straggler_gives_no_reason(tmp_path):
 def test_server_refuses_bad_detection_settings_from_flags_and_environment(args, env, fragment, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    out = run_cli("server", "--db", ":memory:", *args)
+    out = run_cli("server", "--insecure", "--db", ":memory:", *args)
     assert out.returncode == 2 and fragment in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["server", "--db", ":memory:"], "--tls-dir DIR"),
+        (["server", "--insecure", "--listen", "0.0.0.0:50051"], "loopback only"),
+        (["agent", "--node", "n"], "--tls-dir DIR"),
+        (["agent", "--insecure", "--control-plane", "10.1.2.3:50052"], "loopback control plane only"),
+        (["job", "list"], "--ca and --token-file"),
+        (["job", "list", "--insecure", "--control-plane", "10.1.2.3:50051"], "loopback control plane only"),
+    ],
+)
+def test_the_secure_path_is_the_default_and_insecure_stays_on_loopback(args, fragment, monkeypatch):
+    for name in ("DROVER_CA", "DROVER_TOKEN_FILE", "DROVER_INSECURE", "DROVER_TLS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    out = run_cli(*args)  # refused before any connection is made
+    assert out.returncode == 2 and fragment in out.stderr, out.stderr
+
+
+def test_certs_init_makes_a_cluster_and_never_overwrites_a_ca(tmp_path):
+    folder = tmp_path / "certs"
+    made = run_cli("certs", "init", "--dir", str(folder), "--node", "node-0", "--server-name", "server")
+    assert made.returncode == 0, made.stderr
+    names = {p.name for p in folder.iterdir()}
+    assert {"ca.pem", "ca.key", "server.pem", "server.key", "node-node-0.pem", "tokens.json", "admin.token"} <= names
+    assert oct((folder / "ca.key").stat().st_mode & 0o777) == "0o600"
+    again = run_cli("certs", "init", "--dir", str(folder))
+    assert again.returncode == 2 and "never overwrites" in again.stderr
+    assert run_cli("certs", "add-token", "ci", "--role", "reader", "--dir", str(folder)).returncode == 0
+    assert (folder / "ci.token").exists() and "ci" in (folder / "tokens.json").read_text()

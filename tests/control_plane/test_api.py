@@ -245,3 +245,14 @@ async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, m
             break
         await asyncio.sleep(0.05)
     assert failures and cp.store.count(TelemetrySample) == 1
+
+
+async def test_one_server_per_port_and_per_database(plane, tmp_path):
+    """Split brain: a second server on the same port or the same database refuses to start."""
+    from drover.control_plane.api import start_server
+    from drover.storage.db import StoreInUse
+
+    with pytest.raises(RuntimeError, match="(?i)bind|port"):
+        await start_server(str(tmp_path / "other.db"), f"127.0.0.1:{plane.port}")
+    with pytest.raises(StoreInUse, match="in use"):
+        await start_server(str(plane.tmp / "drover.db"), "127.0.0.1:0")

@@ -176,41 +176,48 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     assert "workers_failed" in kinds and kinds[-1] == "job_failed"
 
 
-def run_cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        DROVER + list(args) + ["--control-plane", address], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
+def run_cli(c: LocalCluster, *args: str, token: str = "operator") -> subprocess.CompletedProcess:
+    """The CLI as a user runs it against the cluster: TLS checked against its CA, with a token."""
+    reach = [
+        "--control-plane",
+        c.address,
+        "--ca",
+        str(c.certs / "ca.pem"),
+        "--token-file",
+        str(c.certs / f"{token}.token"),
+    ]
+    return subprocess.run(DROVER + list(args) + reach, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     c = local_cluster(nodes=1, devices_per_node=2)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
-    submitted = run_cli(c.address, "job", "submit", str(job_file), "--out", "out", "--json")
+    submitted = run_cli(c, "job", "submit", str(job_file), "--out", "out", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
-    watched = run_cli(c.address, "job", "watch", job_id)
+    watched = run_cli(c, "job", "watch", job_id)
     assert watched.returncode == 0 and "job_completed" in watched.stdout
-    listed = json.loads(run_cli(c.address, "job", "list", "--json").stdout)["jobs"]
+    listed = json.loads(run_cli(c, "job", "list", "--json").stdout)["jobs"]
     assert [(j["id"], j["state"]) for j in listed] == [(job_id, "JOB_STATE_COMPLETED")]
-    assert "completed" in run_cli(c.address, "job", "status", job_id).stdout
-    nodes = json.loads(run_cli(c.address, "nodes", "--json").stdout)["nodes"]
+    assert "completed" in run_cli(c, "job", "status", job_id).stdout
+    nodes = json.loads(run_cli(c, "nodes", "--json").stdout)["nodes"]
     assert nodes[0]["name"] == "node-0" and nodes[0]["devices"] == ["node-0/0", "node-0/1"]
-    history = json.loads(run_cli(c.address, "plan", "history", job_id, "--json").stdout)["plans"]
+    history = json.loads(run_cli(c, "plan", "history", job_id, "--json").stdout)["plans"]
     assert int(history[0]["version"]) == 1 and history[0]["committed"]  # int64 is a string in proto JSON
-    assert "blocks" in run_cli(c.address, "plan", "show", job_id).stdout
-    points = json.loads(run_cli(c.address, "telemetry", job_id, "--json").stdout)["points"]
+    assert "blocks" in run_cli(c, "plan", "show", job_id).stdout
+    points = json.loads(run_cli(c, "telemetry", job_id, "--json").stdout)["points"]
     assert points and all(p["compute_s_per_block"] > 0 for p in points)
-    assert run_cli(c.address, "detect", "pause").returncode == 0
-    assert run_cli(c.address, "node", "drain", "node-0").returncode == 0
-    refused = run_cli(c.address, "job", "submit", str(job_file))
+    assert run_cli(c, "detect", "pause", token="admin").returncode == 0
+    assert run_cli(c, "node", "drain", "node-0").returncode == 0
+    refused = run_cli(c, "job", "submit", str(job_file))
     assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr  # the only node is drained
-    assert run_cli(c.address, "node", "undrain", "node-0").returncode == 0
-    missing = run_cli(c.address, "job", "status", "job-nope")
+    assert run_cli(c, "node", "undrain", "node-0").returncode == 0
+    missing = run_cli(c, "job", "status", "job-nope")
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
         "drover: error: NOT_FOUND: unknown job 'job-nope'"
     ]
-    bad = run_cli(c.address, "straggle", "node-0/0", "0.5")
+    bad = run_cli(c, "straggle", "node-0/0", "0.5", token="admin")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
     assert c.stop() == [0, 0]  # SIGTERM: the agent and the server exit promptly and cleanly
 

@@ -1,0 +1,162 @@
+"""Identity and authorisation with the real server over TLS on loopback:
+clients by bearer token and role, agents by node certificate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from drover.agent.daemon import _credentials as agent_credentials
+from drover.control_plane.api import ROLE_OF, start_server, stop_server
+from drover.control_plane.identity import make_credentials
+from drover.v1 import agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
+
+from support import TINY_JOB, ScriptedAgent, eventually
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("certs")
+    make_credentials(folder, ["node-0", "node-1"], ["localhost", "127.0.0.1"])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory) -> Path:
+    """Another cluster's CA, certificates and tokens: none of it is trusted by ours."""
+    folder = tmp_path_factory.mktemp("other")
+    make_credentials(folder, ["node-0"], ["localhost", "127.0.0.1"])
+    return folder
+
+
+@pytest_asyncio.fixture
+async def served(tmp_path, certs):
+    served = await start_server(str(tmp_path / "drover.db"), "127.0.0.1:0", agent_address="127.0.0.1:0", tls_dir=certs)
+    yield served
+    await stop_server(served)
+
+
+def client(served, certs: Path, token: str | None = None) -> jobs_pb2_grpc.JobServiceStub:
+    tls = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+    if token is not None:
+        tls = grpc.composite_channel_credentials(tls, grpc.access_token_call_credentials(token))
+    return jobs_pb2_grpc.JobServiceStub(grpc.aio.secure_channel(f"127.0.0.1:{served.port}", tls))
+
+
+def token_of(certs: Path, name: str) -> str:
+    return (certs / f"{name}.token").read_text().strip()
+
+
+def agent_stub(served, folder: Path, node: str) -> agent_pb2_grpc.AgentServiceStub:
+    channel = grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", agent_credentials(folder, node))
+    return agent_pb2_grpc.AgentServiceStub(channel)
+
+
+async def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code()
+
+
+def test_every_rpc_of_the_job_service_has_a_role():
+    assert set(ROLE_OF) == set(jobs_pb2.DESCRIPTOR.services_by_name["JobService"].methods_by_name)
+
+
+async def test_clients_without_a_valid_token_are_unauthenticated(served, certs, other_ca):
+    for stub in (
+        client(served, certs),
+        client(served, certs, "not-a-token"),
+        client(served, certs, token_of(other_ca, "admin")),
+    ):
+        assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_roles_decide_what_a_client_may_do(served, certs):
+    reader, operator = (
+        client(served, certs, token_of(certs, "reader")),
+        client(served, certs, token_of(certs, "operator")),
+    )
+    admin = client(served, certs, token_of(certs, "admin"))
+    assert (await reader.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
+    assert (
+        await code_of(reader.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=TINY_JOB)))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert await code_of(reader.DrainNode(jobs_pb2.NodeRequest(node="node-0"))) == grpc.StatusCode.PERMISSION_DENIED
+    paused = jobs_pb2.SetDetectionRequest(paused=True)
+    assert await code_of(operator.SetDetection(paused)) == grpc.StatusCode.PERMISSION_DENIED
+    assert (await admin.SetDetection(paused)).paused
+    # Emulation is off unless the server is started with it, even for an admin.
+    straggle = jobs_pb2.StraggleRequest(device="node-0/0", rate=2.0)
+    assert await code_of(admin.Straggle(straggle)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_plain_connection_is_refused(served):
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{served.port}")
+    stub = jobs_pb2_grpc.JobServiceStub(channel)
+    assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_an_agent_speaks_only_for_its_own_node(served, certs):
+    jobs = client(served, certs, token_of(certs, "operator"))
+    impostor = ScriptedAgent(agent_stub(served, certs, "node-0"), "node-1")  # node-0's certificate
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await impostor.receive()
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "node-0" in info.value.details()
+    assert (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes == []  # nothing of it was kept
+
+
+async def test_an_agent_reports_only_for_its_devices_and_its_jobs(served, certs):
+    jobs = client(served, certs, token_of(certs, "operator"))
+    node0 = ScriptedAgent(agent_stub(served, certs, "node-0"), "node-0")
+
+    async def connected():
+        return [n.name for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes if n.connected]
+
+    await eventually(connected, what="node-0 connected")
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=TINY_JOB))  # placed on node-0 alone
+    assert (await node0.receive()).start_job.job_id == job.id
+    node1 = ScriptedAgent(agent_stub(served, certs, "node-1"), "node-1")
+    await eventually(lambda: _has(connected(), "node-1"), what="node-1 connected")
+    node1.report(job.id, 0, {"node-1/0": 0.01})  # a job with no workers on node-1
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await node1.receive()
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    node0.report(job.id, 0, {"node-1/0": 9.0})  # another node's device
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await node0.receive()
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # Neither moved the job: still running, nothing of theirs kept.
+    assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING
+    assert list((await jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id=job.id))).points) == []
+
+
+async def _has(names, name: str) -> bool:
+    return name in await names
+
+
+async def test_certificates_of_another_ca_are_refused_both_ways(served, certs, other_ca, tmp_path):
+    # An agent with another cluster's certificate cannot connect.
+    stranger = ScriptedAgent(agent_stub(served, other_ca, "node-0"), "node-0")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stranger.receive()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # And our agent believes no control plane whose certificate our CA did not sign.
+    fake = await start_server(str(tmp_path / "fake.db"), "127.0.0.1:0", agent_address="127.0.0.1:0", tls_dir=other_ca)
+    try:
+        ours = ScriptedAgent(agent_stub(fake, certs, "node-0"), "node-0")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await ours.receive()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert fake.cp.outboxes == {}  # the fake heard no hello
+    finally:
+        await stop_server(fake)
+
+
+async def test_an_agent_certificate_is_no_client_credential(served, certs):
+    channel = grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", agent_credentials(certs, "node-0"))
+    stub = jobs_pb2_grpc.JobServiceStub(channel)
+    assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
