@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -30,7 +32,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from .controller import TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
-from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
+from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
 
 log = logging.getLogger("drover.server")
 
@@ -59,13 +61,67 @@ ROLE_OF = {
     "Straggle": "admin",
 }
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+SERVER_LIMITS = [
+    ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
+    ("grpc.max_receive_message_length", 1 << 20),  # a 1,024-device hello is ~50 KiB; a job 64 KiB
+    ("grpc.max_concurrent_streams", 64),  # per connection: one agent stream, a few watches
+]
 
 
-async def _abort_for(exc: Exception, context) -> None:
+async def _abort_for(exc: Exception, context, method: str) -> None:
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc  # already a status
     for kinds, code in STATUS_OF:
         if isinstance(exc, kinds):
             await context.abort(code, str(exc))
-    raise exc
+    # A bug, not the caller's fault: one log line, and no internals in the answer.
+    log.error("%s failed: %s: %s", method, type(exc).__name__, str(exc)[:200])
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; the control plane's log has the cause")
+
+
+class Malformed:
+    """What a request that does not parse as its message type becomes (see `register`)."""
+
+    def __init__(self, message_type: str):
+        self.message_type = message_type
+
+
+def _check(request) -> None:
+    """A request's sizes and ranges; a stream's messages are checked one by one as they come."""
+    if isinstance(request, Malformed):
+        raise InvalidArgument(f"the request is not a valid {request.message_type} message")
+    if isinstance(request, Message):
+        check_bounds(request, type(request).__name__)
+
+
+def register(server: grpc.aio.Server, servicer, service) -> None:
+    """Serve `servicer` for the service descriptor `service`, as the generated add_*_to_server
+    would, except that bytes that do not parse become Malformed (INVALID_ARGUMENT), not UNKNOWN."""
+
+    def parser(message_class):
+        def parse(data: bytes):
+            try:
+                return message_class.FromString(data)
+            except DecodeError:
+                return Malformed(message_class.DESCRIPTOR.full_name)
+
+        return parse
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    handlers = {
+        method.name: kinds[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name),
+            request_deserializer=parser(GetMessageClass(method.input_type)),
+            response_serializer=GetMessageClass(method.output_type).SerializeToString,
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
 def map_errors(cls):
@@ -80,10 +136,11 @@ def map_errors(cls):
             async def streaming(self, request, context, _method=method, _name=name):
                 try:
                     self._authorise(_name, context)
+                    _check(request)
                     async for item in _method(self, request, context):
                         yield item
-                except Exception as exc:  # noqa: BLE001 - mapped or re-raised
-                    await _abort_for(exc, context)
+                except Exception as exc:  # noqa: BLE001 - mapped to a status code
+                    await _abort_for(exc, context, _name)
 
             setattr(cls, name, streaming)
         else:
@@ -92,9 +149,10 @@ def map_errors(cls):
             async def unary(self, request, context, _method=method, _name=name):
                 try:
                     self._authorise(_name, context)
+                    _check(request)
                     return await _method(self, request, context)
-                except Exception as exc:  # noqa: BLE001 - mapped or re-raised
-                    await _abort_for(exc, context)
+                except Exception as exc:  # noqa: BLE001 - mapped to a status code
+                    await _abort_for(exc, context, _name)
 
             setattr(cls, name, unary)
     return cls
@@ -111,8 +169,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(self, requests, context):
         certified = self.auth.agent(context)
         first = await anext(aiter(requests), None)
+        _check(first)
         if first is None or not first.HasField("hello"):
             raise InvalidArgument("the first message of a stream must be a hello")
+        check_bounds(first.hello, "hello")
         node = first.hello.node
         if certified is not None and node != certified:
             raise PermissionDenied(f"hello.node = {node[:80]!r}: this agent's certificate is for {certified!r}")
@@ -135,7 +195,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def _read(self, node: str, requests) -> None:
         async for message in requests:
+            _check(message)
             kind = message.WhichOneof("body")
+            if kind is not None:
+                check_bounds(getattr(message, kind), kind)
             if kind == "telemetry":
                 await self.cp.telemetry(node, message.telemetry)
             elif kind == "status":
@@ -260,8 +323,6 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.ListNodesResponse(nodes=await self.read(lambda s: [_node(s, n) for n in queries.nodes(s)]))
 
     async def QueryTelemetry(self, request, context):
-        if request.limit < 0:
-            raise InvalidArgument(f"limit = {request.limit}: an integer >= 0 (0 means 100)")
         await self.read(lambda s: queries.get_job(s, request.job_id))
         await self.cp.flush()
         rows = await self.read(lambda s: queries.telemetry(s, request.job_id, request.device, request.limit or 100))
@@ -325,10 +386,9 @@ async def start_server(
     cp = ControlPlane(store, **options)
     try:
         await cp.recover()
-        # SO_REUSEPORT off: a second server on the same port fails to start instead of sharing it.
-        server = grpc.aio.server(options=STREAM_OPTIONS + [("grpc.so_reuseport", 0)])
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cp, auth), server)
-        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(cp, auth, emulation), server)
+        server = grpc.aio.server(options=STREAM_OPTIONS + SERVER_LIMITS)
+        register(server, AgentService(cp, auth), agent_pb2.DESCRIPTOR.services_by_name["AgentService"])
+        register(server, JobService(cp, auth, emulation), jobs_pb2.DESCRIPTOR.services_by_name["JobService"])
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = [

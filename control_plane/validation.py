@@ -1,6 +1,7 @@
-"""Checks on what agents send, before anything from a message is kept: each
-failure names the field, the value and what is allowed (INVALID_ARGUMENT at
-the API's edge)."""
+"""Checks on what callers send, before anything from a message is kept or
+any work is done for it: each failure names the field, the value and what
+is allowed (INVALID_ARGUMENT at the API's edge). `check_bounds` holds every
+message to sizes and ranges; the other checks are about meaning."""
 
 from __future__ import annotations
 
@@ -8,10 +9,19 @@ import math
 from collections import Counter
 from pathlib import PurePosixPath
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from drover.planner.errors import quote
 from drover.v1 import agent_pb2
 
+from .jobfile import MAX_JOB_BYTES
+
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
+MAX_STRING = 128  # ids and names
+MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096}  # longer texts, by field name
+MAX_ITEMS = 1024  # devices of a node, samples of a message
+MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256}
+MAX_NUMBER = 1e12  # seconds since the epoch, bytes per second: all well below
 
 
 class FailedPrecondition(RuntimeError):
@@ -28,6 +38,33 @@ class Unauthenticated(PermissionError):
 
 class PermissionDenied(PermissionError):
     """The caller is known but may not do this."""
+
+
+def check_bounds(message, path: str) -> None:
+    """Every string, list and number of `message` (recursively) within its bounds: strings and
+    lists short, numbers finite, non-negative and below MAX_NUMBER."""
+    for field, value in message.ListFields():
+        where = f"{path}.{field.name}"
+        if field.is_repeated:
+            limit = MAX_ITEMS_OF.get(field.name, MAX_ITEMS)
+            if len(value) > limit:
+                raise InvalidArgument(f"{where}: {len(value)} entries, at most {limit}")
+            items = value.values() if field.message_type and field.message_type.GetOptions().map_entry else value
+        else:
+            items = [value]
+        for item in items:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                check_bounds(item, where)
+            elif field.type == FieldDescriptor.TYPE_STRING:
+                limit = MAX_STRINGS.get(field.name, MAX_STRING)
+                if len(item) > limit:
+                    raise InvalidArgument(f"{where} = {quote(item)}: at most {limit} characters")
+            elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+                if not (math.isfinite(item) and 0.0 <= item <= MAX_NUMBER):
+                    raise InvalidArgument(f"{where} = {item!r}: a finite number >= 0 and <= {MAX_NUMBER:g}")
+            elif field.type != FieldDescriptor.TYPE_BOOL and field.type != FieldDescriptor.TYPE_ENUM:
+                if not 0 <= item <= MAX_NUMBER:
+                    raise InvalidArgument(f"{where} = {item}: an integer >= 0 and <= {MAX_NUMBER:g}")
 
 
 def check_out_dir(out_dir: str) -> str:
@@ -62,22 +99,11 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
 
 
 def check_telemetry(message: agent_pb2.Telemetry) -> None:
-    def check(path: str, value: float, limit: float = math.inf) -> None:
-        if not (math.isfinite(value) and 0.0 <= value <= limit):
-            raise InvalidArgument(
-                f"telemetry.{path} = {value!r}: a finite number >= 0"
-                + (f" and <= {limit:g}" if math.isfinite(limit) else "")
-            )
-
-    check("time", message.time)
+    """What check_bounds cannot know: samples name a device, and compute times are plausible."""
     for i, s in enumerate(message.devices):
         if not s.device:
             raise InvalidArgument(f"telemetry.devices[{i}].device = '': a device id NODE/INDEX")
-        check(f"devices[{i}].compute_s_per_block", s.compute_s_per_block, MAX_COMPUTE_S)
-        for name in ("p2p_wait_s", "grad_sync_s"):
-            check(f"devices[{i}].{name}", getattr(s, name))
-        if s.step < 0:
-            raise InvalidArgument(f"telemetry.devices[{i}].step = {s.step}: an integer >= 0")
-    for i, n in enumerate(message.nics):
-        check(f"nics[{i}].tx_bytes_per_s", n.tx_bytes_per_s)
-        check(f"nics[{i}].rx_bytes_per_s", n.rx_bytes_per_s)
+        if s.compute_s_per_block > MAX_COMPUTE_S:
+            raise InvalidArgument(
+                f"telemetry.devices[{i}].compute_s_per_block = {s.compute_s_per_block!r}: at most {MAX_COMPUTE_S:g}"
+            )

@@ -87,6 +87,18 @@ _KEYS = {
     "mfu",
 }
 FAMILIES = ("gpt", "llama")
+# Far past any model trained today, and small enough that planning stays bounded: a model
+# arrives from the network too.
+LIMITS = {
+    "layers": 1024,
+    "hidden": 65536,
+    "ffn_hidden": 262144,
+    "heads": 1024,
+    "seq_len": 1 << 20,
+    "vocab": 1 << 22,
+    "global_batch": 1 << 20,
+}
+MAX_MICRO_BATCHES = 1 << 16
 
 
 def default_ffn_hidden(family: str, hidden: int) -> int:
@@ -101,27 +113,31 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
     family = f.string("family", "gpt")
     if family not in FAMILIES:
         raise f.error("family", family, f"one of {', '.join(FAMILIES)}")
-    hidden = f.integer("hidden")
-    heads = f.integer("heads")
+    hidden = f.integer("hidden", maximum=LIMITS["hidden"])
+    heads = f.integer("heads", maximum=LIMITS["heads"])
     if hidden % heads:
         raise f.error("heads", heads, f"a divisor of hidden ({hidden})")
-    kv_heads = f.integer("kv_heads", heads)
+    kv_heads = f.integer("kv_heads", heads, maximum=heads)
     if family == "gpt" and kv_heads != heads:
         raise f.error("kv_heads", kv_heads, f"equal to heads ({heads}) for family gpt (multi-head attention)")
     if heads % kv_heads:
         raise f.error("kv_heads", kv_heads, f"a divisor of heads ({heads})")
-    global_batch = f.integer("global_batch")
-    micro_batch = f.integer("micro_batch")
+    global_batch = f.integer("global_batch", maximum=LIMITS["global_batch"])
+    micro_batch = f.integer("micro_batch", maximum=global_batch)
     if global_batch % micro_batch:
         raise f.error("micro_batch", micro_batch, f"a divisor of global_batch ({global_batch})")
+    if global_batch // micro_batch > MAX_MICRO_BATCHES:
+        raise f.error(
+            "micro_batch", micro_batch, f"at least global_batch / {MAX_MICRO_BATCHES} (micro-batches per step)"
+        )
     return ModelSpec(
         name=f.string("name", Path(source).stem),
-        layers=f.integer("layers"),
+        layers=f.integer("layers", maximum=LIMITS["layers"]),
         hidden=hidden,
-        ffn_hidden=f.integer("ffn_hidden", default_ffn_hidden(family, hidden)),
+        ffn_hidden=f.integer("ffn_hidden", default_ffn_hidden(family, hidden), maximum=LIMITS["ffn_hidden"]),
         heads=heads,
-        seq_len=f.integer("seq_len"),
-        vocab=f.integer("vocab"),
+        seq_len=f.integer("seq_len", maximum=LIMITS["seq_len"]),
+        vocab=f.integer("vocab", maximum=LIMITS["vocab"]),
         global_batch=global_batch,
         micro_batch=micro_batch,
         mfu=f.number("mfu", 0.5, maximum=1.0),

@@ -61,10 +61,11 @@ class Fields:
             raise self.error(key, value, "a non-empty string")
         return value
 
-    def integer(self, key: str, default=_MISSING, minimum: int = 1) -> int:
+    def integer(self, key: str, default=_MISSING, minimum: int = 1, maximum: int | None = None) -> int:
         value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, value, f"an integer >= {minimum}")
+        ok = not isinstance(value, bool) and isinstance(value, int) and value >= minimum
+        if not ok or (maximum is not None and value > maximum):
+            raise self.error(key, value, f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum else ""))
         return value
 
     def number(

@@ -73,7 +73,7 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
             "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\nmodel: *d\nsteps: 3\n",
             "anchors and aliases are not allowed",
         ),
-        ("name: " + "x" * 70_000 + "\n", "at most 65536 bytes"),
+        ("name: " + "x" * 70_000 + "\n", "at most 65536"),
         ("model: {layers: 2}\nsteps: 3\n", "'hidden'"),
         ("model: [unclosed\n", "valid YAML"),
     ],

@@ -254,3 +254,20 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("- just a list")
     with pytest.raises(SpecError, match="mapping"):
         load_model(bad)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"layers": 2**31}, "layers"),
+        ({"global_batch": 2**31}, "global_batch"),
+        ({"hidden": 2**20, "heads": 4}, "hidden"),
+        ({"global_batch": 2**20, "micro_batch": 1}, "micro_batch"),
+        ({"family": "llama", "kv_heads": 8}, "kv_heads"),  # more key/value heads than heads
+    ],
+)
+def test_model_numbers_are_bounded(change, field):
+    """Planning and memory stay bounded for a model from the network (2**31 layers once hung the server)."""
+    with pytest.raises(SpecError) as info:
+        model_from_dict({**GOOD_MODEL, **change}, "m.yaml")
+    assert info.value.field == field

@@ -1,0 +1,100 @@
+"""Regression tests for hostile or broken input reproduced against the control
+plane: each request is refused with the right code, quickly, the server keeps
+answering and nothing of the request is kept."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from drover.v1 import agent_pb2, jobs_pb2, state_pb2
+
+from support import cpu_device
+
+
+async def code_of(call):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), info.value.details()
+
+
+async def healthy_within(plane, seconds: float = 1.0) -> None:
+    started = time.monotonic()
+    reply = await health_pb2_grpc.HealthStub(plane.channel).Check(health_pb2.HealthCheckRequest(), timeout=seconds)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING and time.monotonic() - started < seconds
+
+
+async def hello_answer(plane, hello: agent_pb2.Hello):
+    outbox: asyncio.Queue = asyncio.Queue()
+    outbox.put_nowait(agent_pb2.AgentMessage(hello=hello))
+
+    async def requests():
+        while True:
+            yield await outbox.get()
+
+    return await code_of(asyncio.wait_for(plane.agents.Connect(requests()).read(), 10))
+
+
+async def test_bytes_that_are_no_message_are_invalid_argument(plane):
+    raw = plane.channel.unary_unary("/drover.v1.JobService/GetJob")
+    code, details = await code_of(raw(b"\xff\xff\xff\xff not a protobuf"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "drover.v1.GetJobRequest" in details
+    await healthy_within(plane)
+
+
+async def test_a_hundred_thousand_device_hello_is_refused_at_once(plane):
+    started = time.monotonic()
+    hello = agent_pb2.Hello(node="node-9", devices=[cpu_device(f"node-9/{i}") for i in range(100_000)])
+    code, _ = await hello_answer(plane, hello)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - started < 5  # over the size cap
+    code, details = await hello_answer(
+        plane, agent_pb2.Hello(node="node-9", devices=[cpu_device(f"node-9/{i}") for i in range(5_000)])
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "hello.devices: 5000 entries, at most 1024" in details
+    await healthy_within(plane)
+    assert (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes == []
+
+
+@pytest.mark.parametrize("field, value", [("node", "n" * 10_000), ("agent_version", "v" * 10_000)])
+async def test_long_names_are_refused_and_never_listed(plane, field, value):
+    """Two 2.5 MB names once made `drover nodes` fail for everyone, for good."""
+    code, details = await hello_answer(plane, agent_pb2.Hello(**{"node": "node-9", field: value}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and f"hello.{field}" in details and len(details) < 300
+    assert (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes == []
+
+
+async def test_a_long_reason_is_refused(plane):
+    code, details = await code_of(plane.jobs.Replan(jobs_pb2.ReplanRequest(job_id="j", reason="r" * 5_000)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "ReplanRequest.reason" in details
+
+
+async def test_a_stream_under_another_name_cannot_end_a_job(plane):
+    """A forged status from a node the job is not on once failed (or completed) the job."""
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await agent.receive()
+    stranger = plane.agent("node-9")
+    await plane.connected(2)
+    stranger.send(status=agent_pb2.JobStatus(job_id=job.id, state=state_pb2.JOB_STATE_COMPLETED))
+    code, details = await code_of(stranger.receive())
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "node-9" in details
+    assert (await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING
+
+
+async def test_an_unexpected_error_is_internal_with_one_log_line(plane, monkeypatch, caplog):
+    async def broken(node, drained):
+        raise KeyError("a bug's details")
+
+    monkeypatch.setattr(plane.cp, "drain", broken)
+    with caplog.at_level(logging.ERROR, logger="drover.server"):
+        code, details = await code_of(plane.jobs.DrainNode(jobs_pb2.NodeRequest(node="node-0")))
+    assert code == grpc.StatusCode.INTERNAL and "bug" not in details
+    logged = [r for r in caplog.records if r.name == "drover.server"]
+    assert len(logged) == 1 and "DrainNode" in logged[0].getMessage() and logged[0].exc_info is None
+    await healthy_within(plane)
