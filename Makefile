@@ -19,6 +19,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/fuzz.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
