@@ -102,6 +102,16 @@ async def _drain(call) -> None:
         pass
 
 
+async def connected(jobs) -> int:
+    """Connected nodes, over every page of the listing."""
+    count, token = 0, None
+    while token != "":
+        page = await jobs.ListNodes(jobs_pb2.ListNodesRequest(page_size=1000, page_token=token or ""))
+        count += sum(n.connected for n in page.nodes)
+        token = page.next_page_token
+    return count
+
+
 def poll_lags(db: Path, stop: list[bool], lags: list[float]) -> None:
     last = 0
     connection = sqlite3.connect(db, timeout=10)
@@ -122,7 +132,19 @@ async def main_async(args) -> dict:
         db = Path(tmp) / "ingest.db"
         address = f"127.0.0.1:{free_port()}"
         server = subprocess.Popen(
-            [sys.executable, "-m", "drover.cli", "server", "--db", str(db), "--listen", address],
+            [
+                sys.executable,
+                "-m",
+                "drover.cli",
+                "server",
+                "--insecure",
+                "--db",
+                str(db),
+                "--listen",
+                address,
+                "--agent-listen",
+                f"127.0.0.1:{free_port()}",
+            ],  # agents reach the stream on either port here
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -137,7 +159,7 @@ async def main_async(args) -> dict:
             ]
             jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
             hello_start = time.time()
-            while sum(n.connected for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes) < args.agents:
+            while await connected(jobs) < args.agents:
                 await asyncio.sleep(0.5)  # measure the steady state, not the hellos of the connection storm
             hellos_s = time.time() - hello_start
             stop, lags = [False], []

@@ -55,6 +55,16 @@ def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str 
     return stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=read_job_file(job_file), out_dir=out_dir))
 
 
+def all_pages(method, request, field: str):
+    """Every item of a paginated listing: `method(request)` page by page."""
+    while True:
+        page = method(request)
+        yield from getattr(page, field)
+        if not page.next_page_token:
+            return
+        request.page_token = page.next_page_token
+
+
 def to_dict(message) -> dict:
     return json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True

@@ -13,13 +13,18 @@ import click
 
 from drover.planner.wire import job_state_name
 
-from .client import connect, jobs_pb2, submit_job, to_dict, to_json
+from .client import all_pages, connect, jobs_pb2, submit_job, to_dict, to_json
 from .options import control_plane_option, json_option
 from .render import table
 
 
 def _print(message, as_json: bool, render) -> None:
     click.echo(to_json(message) if as_json else render(message))
+
+
+def _whole(response_class, method, request, field: str):
+    """A paginated listing gathered into one response (every page), printed as one."""
+    return response_class(**{field: list(all_pages(method, request, field))})
 
 
 def _job_rows(jobs) -> str:
@@ -67,7 +72,8 @@ def job_submit(job_file: str, out_dir: str, address: str, as_json: bool) -> None
 @json_option
 def job_list(address: str, as_json: bool) -> None:
     """List jobs."""
-    _print(connect(address).ListJobs(jobs_pb2.ListJobsRequest()), as_json, lambda r: _job_rows(r.jobs))
+    listing = _whole(jobs_pb2.ListJobsResponse, connect(address).ListJobs, jobs_pb2.ListJobsRequest(), "jobs")
+    _print(listing, as_json, lambda r: _job_rows(r.jobs))
 
 
 @job.command("status")
@@ -112,7 +118,7 @@ def job_cancel(job_id: str, address: str, as_json: bool) -> None:
 def nodes(address: str, as_json: bool) -> None:
     """List nodes, their devices and NICs."""
     _print(
-        connect(address).ListNodes(jobs_pb2.ListNodesRequest()),
+        _whole(jobs_pb2.ListNodesResponse, connect(address).ListNodes, jobs_pb2.ListNodesRequest(), "nodes"),
         as_json,
         lambda r: table(
             ["node", "connected", "drained", "devices", "nics"],
@@ -161,7 +167,9 @@ def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
 @json_option
 def plan_history(job_id: str, address: str, as_json: bool) -> None:
     """Every plan version of a job, with its reason."""
-    _print(connect(address).ListPlans(jobs_pb2.ListPlansRequest(job_id=job_id)), as_json, lambda r: _plan_rows(r.plans))
+    request = jobs_pb2.ListPlansRequest(job_id=job_id)
+    listing = _whole(jobs_pb2.ListPlansResponse, connect(address).ListPlans, request, "plans")
+    _print(listing, as_json, lambda r: _plan_rows(r.plans))
 
 
 @click.command()

@@ -61,6 +61,7 @@ ROLE_OF = {
     "Straggle": "admin",
 }
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000  # listings: per page by default, and at most
 SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
     ("grpc.max_receive_message_length", 1 << 20),  # a 1,024-device hello is ~50 KiB; a job 64 KiB
@@ -251,6 +252,21 @@ def _node(session, row) -> jobs_pb2.Node:
     )
 
 
+def _page(request) -> tuple[int, int]:
+    """(offset, size) of a listing request; the page token is the offset where the page starts."""
+    size = request.page_size or PAGE_SIZE
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise InvalidArgument(f"page_size = {request.page_size}: 0 (meaning {PAGE_SIZE}) up to {MAX_PAGE_SIZE}")
+    token = request.page_token
+    if token and not (token.isdigit() and len(token) <= 12):
+        raise InvalidArgument(f"page_token = {token[:40]!r}: a next_page_token this service returned")
+    return int(token or 0), size
+
+
+def _next(rows: list, offset: int, size: int) -> str:
+    return str(offset + size) if len(rows) > size else ""
+
+
 @map_errors
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, cp: ControlPlane, auth: Authenticator, emulation: bool = False):
@@ -271,7 +287,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return _job(job)
 
     async def ListJobs(self, request, context):
-        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in await self.read(queries.jobs)])
+        offset, size = _page(request)
+        rows = await self.read(lambda s: queries.jobs(s, offset, size + 1))
+        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in rows[:size]], next_page_token=_next(rows, offset, size))
 
     async def CancelJob(self, request, context):
         return _job(await self.cp.cancel(request.job_id))
@@ -299,8 +317,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
 
     async def ListPlans(self, request, context):
+        offset, size = _page(request)
+        rows = await self.read(lambda s: queries.plans(s, request.job_id, offset, size + 1))
         return jobs_pb2.ListPlansResponse(
-            plans=[_plan(p) for p in await self.read(lambda s: queries.plans(s, request.job_id))]
+            plans=[_plan(p) for p in rows[:size]], next_page_token=_next(rows, offset, size)
         )
 
     async def Replan(self, request, context):
@@ -320,7 +340,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return await self.read(lambda s: _node(s, queries.get_node(s, request.node)))
 
     async def ListNodes(self, request, context):
-        return jobs_pb2.ListNodesResponse(nodes=await self.read(lambda s: [_node(s, n) for n in queries.nodes(s)]))
+        offset, size = _page(request)
+        rows = await self.read(lambda s: [_node(s, n) for n in queries.nodes(s, offset, size + 1)])
+        return jobs_pb2.ListNodesResponse(nodes=rows[:size], next_page_token=_next(rows, offset, size))
 
     async def QueryTelemetry(self, request, context):
         await self.read(lambda s: queries.get_job(s, request.job_id))

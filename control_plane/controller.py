@@ -284,7 +284,9 @@ class ControlPlane:
                     "rate": rates.get(s.device, 1.0),
                 }
                 for s in message.devices
-                if job is not None  # a job that ended, or never was, keeps no samples
+                # Kept for a running job, or for no job (a node's own devices); a job that ended or
+                # never was keeps none.
+                if job is not None or not message.job_id
             ],
         )
         self.store.buffer_samples(

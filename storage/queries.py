@@ -52,8 +52,8 @@ def get_node(session: Session, name: str) -> Node:
     return _get(session, Node, name, "node", name)
 
 
-def nodes(session: Session) -> list[Node]:
-    return list(session.scalars(select(Node).order_by(Node.name)))
+def nodes(session: Session, offset: int = 0, limit: int | None = None) -> list[Node]:
+    return list(session.scalars(select(Node).order_by(Node.name).offset(offset).limit(limit)))
 
 
 def devices_of(session: Session, node: str) -> list[Device]:
@@ -72,8 +72,8 @@ def get_job(session: Session, job_id: str) -> Job:
     return _get(session, Job, job_id, "job", job_id)
 
 
-def jobs(session: Session) -> list[Job]:
-    return list(session.scalars(select(Job).order_by(Job.created)))
+def jobs(session: Session, offset: int = 0, limit: int | None = None) -> list[Job]:
+    return list(session.scalars(select(Job).order_by(Job.created, Job.id).offset(offset).limit(limit)))
 
 
 def add_plan(session: Session, job_id: str, plan_json: dict, reason: str, rates: dict | None = None) -> Plan:
@@ -107,9 +107,10 @@ def commit_plan(session: Session, job_id: str, version: int) -> bool:
     return True
 
 
-def plans(session: Session, job_id: str) -> list[Plan]:
+def plans(session: Session, job_id: str, offset: int = 0, limit: int | None = None) -> list[Plan]:
     get_job(session, job_id)
-    return list(session.scalars(select(Plan).where(Plan.job_id == job_id).order_by(Plan.version)))
+    query = select(Plan).where(Plan.job_id == job_id).order_by(Plan.version).offset(offset).limit(limit)
+    return list(session.scalars(query))
 
 
 def get_plan(session: Session, job_id: str, version: int = 0) -> Plan:

@@ -256,3 +256,22 @@ async def test_one_server_per_port_and_per_database(plane, tmp_path):
         await start_server(str(tmp_path / "other.db"), f"127.0.0.1:{plane.port}")
     with pytest.raises(StoreInUse, match="in use"):
         await start_server(str(plane.tmp / "drover.db"), "127.0.0.1:0")
+
+
+async def test_listings_come_in_pages(plane):
+    """Without pages, 20,000 jobs or 500 plan versions once made a listing fail for everyone."""
+    for i in range(7):
+        plane.agent(f"node-{i}", devices=1)
+    await plane.connected(7)
+    seen, token, pages = [], "", 0
+    while True:
+        page = await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest(page_size=3, page_token=token))
+        seen += [n.name for n in page.nodes]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == [f"node-{i}" for i in range(7)] and pages == 3
+    for bad in (jobs_pb2.ListNodesRequest(page_size=5000), jobs_pb2.ListNodesRequest(page_token="x; DROP TABLE")):
+        code, details = await code_of(plane.jobs.ListNodes(bad))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "page_" in details

@@ -49,14 +49,20 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -109,16 +115,22 @@ class GetPlanRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "page_size", "page_token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, job_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListPlansResponse(_message.Message):
-    __slots__ = ("plans",)
+    __slots__ = ("plans", "next_page_token")
     PLANS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     plans: _containers.RepeatedCompositeFieldContainer[PlanRecord]
-    def __init__(self, plans: _Optional[_Iterable[_Union[PlanRecord, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, plans: _Optional[_Iterable[_Union[PlanRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReplanRequest(_message.Message):
     __slots__ = ("job_id", "reason")
@@ -163,14 +175,20 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., devices: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[str]] = ..., last_seen: _Optional[float] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "next_page_token")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class QueryTelemetryRequest(_message.Message):
     __slots__ = ("job_id", "device", "limit")
