@@ -32,6 +32,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from .controller import TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
+from .limits import RateLimiter, ResourceExhausted
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
 
 log = logging.getLogger("drover.server")
@@ -42,6 +43,7 @@ STATUS_OF = [
     ((FailedPrecondition,), grpc.StatusCode.FAILED_PRECONDITION),
     ((Unauthenticated,), grpc.StatusCode.UNAUTHENTICATED),
     ((PermissionDenied,), grpc.StatusCode.PERMISSION_DENIED),
+    ((ResourceExhausted,), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 # The least role that may call each JobService RPC (reader < operator < admin).
 ROLE_OF = {
@@ -272,9 +274,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, cp: ControlPlane, auth: Authenticator, emulation: bool = False):
         self.cp, self.auth, self.emulation = cp, auth, emulation
         self.read = cp.store.query  # off the event loop
+        self.limits = RateLimiter()
 
     def _authorise(self, name: str, context) -> None:
-        self.auth.client(context, ROLE_OF[name])
+        caller = self.auth.client(context, ROLE_OF[name])
+        # Per token; without TLS (loopback only) every caller is this machine, counted as one.
+        self.limits.check(name, caller.name)
 
     async def SubmitJob(self, request, context):
         return _job(await self.cp.submit(request.job_yaml, request.out_dir))
