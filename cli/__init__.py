@@ -14,7 +14,9 @@ import sys
 import click
 import grpc
 
+from drover.control_plane.api import StartError
 from drover.planner.errors import PlanError, SpecError
+from drover.storage.db import StoreError
 
 from . import daemons, offline, remote, up
 from .local_cluster import LocalClusterError
@@ -62,6 +64,6 @@ def main(argv: list[str] | None = None) -> None:
     except grpc.RpcError as exc:
         click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
-    except LocalClusterError as exc:
+    except (LocalClusterError, StoreError, StartError) as exc:
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(1)

@@ -111,9 +111,17 @@ def detector_options(command):
 )
 @insecure_option
 @click.option("--emulation", is_flag=True, envvar="DROVER_EMULATION", help="Allow `drover straggle` (admin only).")
+@click.option("--new-db", is_flag=True, help="Start empty where a database this server used has gone missing.")
 @detector_options
 def server(
-    db: str, listen: str, agent_listen: str, tls_dir: str | None, insecure: bool, emulation: bool, **settings
+    db: str,
+    listen: str,
+    agent_listen: str,
+    tls_dir: str | None,
+    insecure: bool,
+    emulation: bool,
+    new_db: bool,
+    **settings,
 ) -> None:
     """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
     from drover.control_plane.api import check_loopback, serve
@@ -128,7 +136,15 @@ def server(
         raise click.UsageError(str(exc)) from None
     _log_to_stderr()
     run_until_stopped(
-        serve(db, listen, agent_address=agent_listen, tls_dir=tls_dir, emulation=emulation, detector=detector)
+        serve(
+            db,
+            listen,
+            agent_address=agent_listen,
+            tls_dir=tls_dir,
+            emulation=emulation,
+            new_db=new_db,
+            detector=detector,
+        )
     )
 
 

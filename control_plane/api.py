@@ -375,6 +375,10 @@ def check_loopback(*addresses: str) -> None:
             raise ValueError(f"{where}: insecure serving is for loopback only (127.0.0.1, localhost, [::1])")
 
 
+class StartError(RuntimeError):
+    """The server cannot start as asked: the message says why."""
+
+
 @dataclass
 class Served:
     server: grpc.aio.Server
@@ -398,18 +402,20 @@ async def start_server(
     agent_address: str | None = None,
     tls_dir: str | Path | None = None,
     emulation: bool = False,
+    new_db: bool = False,
     **options,
 ) -> Served:
     """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path.
     With `tls_dir` (see `drover certs init`) clients need TLS and a token at `address`, agents
     mutual TLS at `agent_address`; without it both are served insecure on loopback only.
-    `emulation` allows Straggle; `options` go to ControlPlane."""
+    `emulation` allows Straggle; `new_db` starts empty where a used database went missing;
+    `options` go to ControlPlane."""
     if tls_dir is None:
         check_loopback(address, agent_address or address)
     elif agent_address is None:
         raise ValueError("with TLS, agents need a port of their own (agent_address)")
     auth = Authenticator(load_tokens(Path(tls_dir) / "tokens.json") if tls_dir is not None else None)
-    store = Store(db if "://" in db else sqlite_url(db))
+    store = Store(db if "://" in db else sqlite_url(db), create=new_db)
     cp = ControlPlane(store, **options)
     try:
         await cp.recover()
@@ -425,12 +431,15 @@ async def start_server(
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(names, server)
-        if tls_dir is None:
-            port = server.add_insecure_port(address)
-            agent_port = server.add_insecure_port(agent_address) if agent_address else port
-        else:
-            port = server.add_secure_port(address, _credentials(Path(tls_dir), agents=False))
-            agent_port = server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
+        try:
+            if tls_dir is None:
+                port = server.add_insecure_port(address)
+                agent_port = server.add_insecure_port(agent_address) if agent_address else port
+            else:
+                port = server.add_secure_port(address, _credentials(Path(tls_dir), agents=False))
+                agent_port = server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
+        except RuntimeError as exc:
+            raise StartError(f"cannot listen on {address} or {agent_address}: {exc} (another server?)") from None
         await server.start()
     except BaseException:
         await cp.close()  # the database and its lock are let go

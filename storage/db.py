@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import create_engine, delete, event, func, insert, select
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import Base, NicSample, TelemetrySample
@@ -52,29 +54,66 @@ def sqlite_url(path: str) -> str:
     return f"sqlite:///{path}"
 
 
-class StoreInUse(RuntimeError):
+class StoreError(RuntimeError):
+    """The database cannot be used as it is: the message says why and what to do."""
+
+
+class StoreInUse(StoreError):
     """Another process holds this database."""
 
 
-def _lock(url: str):
-    """An exclusive lock next to a SQLite file, held while the store is open: two servers on
-    one database would each believe their own view of the cluster."""
+def _sqlite_file(url: str) -> str | None:
     engine_url = make_url(url)
     if engine_url.get_backend_name() != "sqlite" or engine_url.database in (None, "", ":memory:"):
         return None
-    handle = open(f"{engine_url.database}.lock", "w")
+    return engine_url.database
+
+
+def _lock(path: str, create: bool):
+    """An exclusive lock next to a SQLite file, held while the store is open: two servers on
+    one database would each believe their own view of the cluster. The lock file outlives the
+    server, so a database that goes missing later is noticed rather than silently recreated."""
+    lock_path = Path(f"{path}.lock")
+    if not Path(path).exists() and lock_path.exists() and not create:
+        raise StoreError(
+            f"database {path} is missing, but a drover server kept its history there "
+            f"({lock_path} remains): restore it, or start with --new-db for an empty one"
+        )
+    handle = open(lock_path, "w")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise StoreInUse(f"database {engine_url.database} is in use by another drover server") from None
+        raise StoreInUse(f"database {path} is in use by another drover server") from None
     return handle
 
 
+def _check_integrity(url: str, path: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            verdict = connection.exec_driver_sql("PRAGMA quick_check").scalar()
+    except DatabaseError as exc:
+        raise StoreError(f"database {path} cannot be read ({exc.orig}): restore it from a backup") from None
+    finally:
+        engine.dispose()
+    if verdict != "ok":
+        raise StoreError(f"database {path} is corrupt (quick_check: {str(verdict)[:200]}): restore it from a backup")
+
+
 class Store:
-    def __init__(self, url: str, retention_s: float = TELEMETRY_RETENTION_S):
-        self._lock = _lock(url)
-        self.engine = make_engine(url)
+    def __init__(self, url: str, retention_s: float = TELEMETRY_RETENTION_S, create: bool = False):
+        """`create`: make a new empty database where one that was used before has gone missing."""
+        path = _sqlite_file(url)
+        self._lock = _lock(path, create) if path else None
+        try:
+            if path and Path(path).exists():
+                _check_integrity(url, path)
+            self.engine = make_engine(url)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.close()
+            raise
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")
         # Reads run here, off the event loop; WAL lets them go on while the writer writes.

@@ -260,3 +260,10 @@ def test_certs_init_makes_a_cluster_and_never_overwrites_a_ca(tmp_path):
     assert again.returncode == 2 and "never overwrites" in again.stderr
     assert run_cli("certs", "add-token", "ci", "--role", "reader", "--dir", str(folder)).returncode == 0
     assert (folder / "ci.token").exists() and "ci" in (folder / "tokens.json").read_text()
+
+
+def test_server_refuses_a_corrupt_database_in_one_line(tmp_path):
+    db = tmp_path / "drover.db"
+    db.write_bytes(b"not a database at all " * 100)
+    out = run_cli("server", "--insecure", "--db", str(db), "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0")
+    assert out.returncode == 1 and "restore it from a backup" in out.stderr and "Traceback" not in out.stderr

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from drover.storage import queries
-from drover.storage.db import Store, sqlite_url
+from drover.storage.db import Store, StoreError, StoreInUse, sqlite_url
 from drover.storage.models import Job, TelemetrySample
 
 
@@ -139,3 +139,29 @@ def test_a_node_is_what_its_agent_last_said(store):
     assert [(d.id, d.memory_gib) for d in devices] == [("n/0", 40.0)]
     assert store.read(lambda s: queries.nics_of(s, "n")) == []
     assert store.read(lambda s: queries.get_node(s, "n")).agent_version == "0.1.1"
+
+
+def test_a_database_that_went_missing_is_not_silently_recreated(tmp_path):
+    db = tmp_path / "drover.db"
+    Store(sqlite_url(str(db))).close()
+    db.unlink()
+    with pytest.raises(StoreError, match="missing.*--new-db"):
+        Store(sqlite_url(str(db)))
+    Store(sqlite_url(str(db)), create=True).close()  # told to start empty
+
+
+@pytest.mark.parametrize("content", [b"not a database at all " * 100, b"SQLite format 3\x00" + b"\x00" * 200])
+def test_a_corrupt_database_is_refused_with_what_to_do(tmp_path, content):
+    db = tmp_path / "drover.db"
+    db.write_bytes(content)
+    with pytest.raises(StoreError, match="restore it from a backup"):
+        Store(sqlite_url(str(db)))
+    Store(sqlite_url(str(tmp_path / "other.db"))).close()  # and the lock was let go: no leak
+
+
+def test_a_second_store_on_one_database_is_refused(tmp_path):
+    first = Store(sqlite_url(str(tmp_path / "drover.db")))
+    with pytest.raises(StoreInUse):
+        Store(sqlite_url(str(tmp_path / "drover.db")))
+    first.close()
+    Store(sqlite_url(str(tmp_path / "drover.db"))).close()
