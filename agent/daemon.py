@@ -22,7 +22,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery
 from .runtime.launch import start_worker_launcher
-from .supervisor import FailedAtStart, JobWorkers, inside
+from .supervisor import FailedHere, JobWorkers, inside
 
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
@@ -148,18 +148,26 @@ class Agent:
                 )
             except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)
-                self.jobs[start.job_id] = FailedAtStart(f"workers could not start on {self.node}: {exc}")
+                self.jobs[start.job_id] = FailedHere(f"workers could not start on {self.node}: {exc}")
                 return
             log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
         elif kind == "plan":
             workers = self.jobs.get(message.plan.job_id)
             if workers is not None:
-                workers.hand_plan(message.plan.version, plan_from_proto(message.plan.plan, "plan"))
+                try:
+                    workers.hand_plan(message.plan.version, plan_from_proto(message.plan.plan, "plan"))
+                except OSError as exc:  # its inbox is unwritable (a full disk): the job cannot follow plans
+                    self._fail_here(
+                        message.plan.job_id, f"plan {message.plan.version} not handed on {self.node}: {exc}"
+                    )
         elif kind == "command":
             command = message.command
             if command.WhichOneof("body") == "straggle":
-                for workers in self.jobs.values():
-                    workers.straggle(command.straggle.device, command.straggle.rate, command.straggle.from_step)
+                for job_id, workers in list(self.jobs.items()):
+                    try:
+                        workers.straggle(command.straggle.device, command.straggle.rate, command.straggle.from_step)
+                    except OSError as exc:
+                        self._fail_here(job_id, f"straggle not handed on {self.node}: {exc}")
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
@@ -179,45 +187,59 @@ class Agent:
         for job_id, workers in list(self.jobs.items()):
             if job_id in self._reported:
                 continue
-            samples = [
-                agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
-                    device=row["device"],
-                    step=row["step"],
-                    compute_s_per_block=row["compute_s_per_block"] or 0.0,
-                    p2p_wait_s=row["p2p_wait_s"],
-                    grad_sync_s=row["grad_sync_s"],
-                )
-                for row in workers.new_telemetry()
-            ]
-            migrations = [
-                agent_pb2.Migration(
-                    step=m["step"],
-                    plan_version=m["plan_version"],
-                    bytes_moved=m["bytes_moved"],
-                    blocks_moved=m["blocks_moved"],
-                    seconds=m["seconds"],
-                )
-                for m in workers.new_migrations()
-            ]
-            now = time.time()
-            if samples or migrations or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
-                self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
-                out.append(
-                    agent_pb2.AgentMessage(
-                        telemetry=agent_pb2.Telemetry(
-                            time=now,
-                            job_id=job_id,
-                            active_plan_version=workers.active_version,
-                            devices=samples,
-                            nics=nics,
-                            migrations=migrations,
-                        )
+            try:
+                out += self._job_messages(job_id, workers, nics)
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # this job's files, not the agent
+                self._fail_here(job_id, f"telemetry of {job_id} on {self.node} unreadable: {exc}")
+        return out
+
+    def _fail_here(self, job_id: str, detail: str) -> None:
+        """End one job on this node with its cause (reported at the next tick); the others go on."""
+        log.error("%s", detail[:300])
+        self.jobs[job_id].stop()
+        self.jobs[job_id] = FailedHere(detail[:1000])
+
+    def _job_messages(self, job_id: str, workers, nics) -> list[agent_pb2.AgentMessage]:
+        out = []
+        samples = [
+            agent_pb2.DeviceSample(  # idle devices report zeros: they are alive, not slow
+                device=row["device"],
+                step=row["step"],
+                compute_s_per_block=row["compute_s_per_block"] or 0.0,
+                p2p_wait_s=row["p2p_wait_s"],
+                grad_sync_s=row["grad_sync_s"],
+            )
+            for row in workers.new_telemetry()
+        ]
+        migrations = [
+            agent_pb2.Migration(
+                step=m["step"],
+                plan_version=m["plan_version"],
+                bytes_moved=m["bytes_moved"],
+                blocks_moved=m["blocks_moved"],
+                seconds=m["seconds"],
+            )
+            for m in workers.new_migrations()
+        ]
+        now = time.time()
+        if samples or migrations or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
+            self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
+            out.append(
+                agent_pb2.AgentMessage(
+                    telemetry=agent_pb2.Telemetry(
+                        time=now,
+                        job_id=job_id,
+                        active_plan_version=workers.active_version,
+                        devices=samples,
+                        nics=nics,
+                        migrations=migrations,
                     )
                 )
-            if workers.state()[0] != "running":  # the end, once per stream
-                out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
-                self._reported.add(job_id)
-                workers.stop()
+            )
+        if workers.state()[0] != "running":  # the end, once per stream
+            out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
+            self._reported.add(job_id)
+            workers.stop()
         return out
 
     def _nic_samples(self) -> list[agent_pb2.NicSample]:

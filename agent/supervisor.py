@@ -27,9 +27,10 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
-class FailedAtStart:
-    """A job whose workers could not start here (an unusable out dir, a bad name): reported
-    failed with the cause, like workers that exited, while the agent serves its other jobs."""
+class FailedHere:
+    """A job this agent could not run (an out dir that is unusable or fills up, a bad name,
+    its files not what they should be): reported failed with the cause, like workers that
+    exited, while the agent serves its other jobs."""
 
     def __init__(self, detail: str):
         self.detail, self.local, self.step, self.active_version = detail, {}, -1, 0

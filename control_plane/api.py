@@ -64,6 +64,7 @@ ROLE_OF = {
 }
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000  # listings: per page by default, and at most
+MAX_AGENT_STREAMS = 4096  # nodes a control plane serves at once
 SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
     ("grpc.max_receive_message_length", 1 << 20),  # a 1,024-device hello is ~50 KiB; a job 64 KiB
@@ -163,13 +164,24 @@ def map_errors(cls):
 
 @map_errors
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, cp: ControlPlane, auth: Authenticator):
-        self.cp, self.auth = cp, auth
+    def __init__(self, cp: ControlPlane, auth: Authenticator, max_streams: int = MAX_AGENT_STREAMS):
+        self.cp, self.auth, self.max_streams = cp, auth, max_streams
+        self.streams = 0
 
     def _authorise(self, name: str, context) -> None:
         self.auth.agent(context)  # a node certificate, or insecure
 
     async def Connect(self, requests, context):
+        if self.streams >= self.max_streams:
+            raise ResourceExhausted(f"{self.streams} agent streams are open, the most this server takes")
+        self.streams += 1
+        try:
+            async for message in self._connect(requests, context):
+                yield message
+        finally:
+            self.streams -= 1
+
+    async def _connect(self, requests, context):
         certified = self.auth.agent(context)
         first = await anext(aiter(requests), None)
         _check(first)
@@ -403,13 +415,14 @@ async def start_server(
     tls_dir: str | Path | None = None,
     emulation: bool = False,
     new_db: bool = False,
+    max_agent_streams: int = MAX_AGENT_STREAMS,
     **options,
 ) -> Served:
     """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path.
     With `tls_dir` (see `drover certs init`) clients need TLS and a token at `address`, agents
     mutual TLS at `agent_address`; without it both are served insecure on loopback only.
     `emulation` allows Straggle; `new_db` starts empty where a used database went missing;
-    `options` go to ControlPlane."""
+    `max_agent_streams` caps the agents served at once; `options` go to ControlPlane."""
     if tls_dir is None:
         check_loopback(address, agent_address or address)
     elif agent_address is None:
@@ -420,7 +433,9 @@ async def start_server(
     try:
         await cp.recover()
         server = grpc.aio.server(options=STREAM_OPTIONS + SERVER_LIMITS)
-        register(server, AgentService(cp, auth), agent_pb2.DESCRIPTOR.services_by_name["AgentService"])
+        register(
+            server, AgentService(cp, auth, max_agent_streams), agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
+        )
         register(server, JobService(cp, auth, emulation), jobs_pb2.DESCRIPTOR.services_by_name["JobService"])
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

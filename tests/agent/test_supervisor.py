@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drover.agent.supervisor import FailedAtStart, inside
+from drover.agent.supervisor import FailedHere, inside
 
 
 def test_inside_keeps_paths_in_their_root(tmp_path):
@@ -25,6 +25,6 @@ def test_inside_follows_no_symlink_out(tmp_path):
 
 
 def test_a_job_that_cannot_start_reports_failed_with_its_cause():
-    job = FailedAtStart("workers could not start on node-0: out dir is read-only")
+    job = FailedHere("workers could not start on node-0: out dir is read-only")
     assert job.state() == ("failed", "workers could not start on node-0: out dir is read-only")
     assert job.new_telemetry() == [] and job.active_version == 0

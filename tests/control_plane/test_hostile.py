@@ -98,3 +98,12 @@ async def test_an_unexpected_error_is_internal_with_one_log_line(plane, monkeypa
     logged = [r for r in caplog.records if r.name == "drover.server"]
     assert len(logged) == 1 and "DrainNode" in logged[0].getMessage() and logged[0].exc_info is None
     await healthy_within(plane)
+
+
+async def test_agent_streams_are_capped(plane_factory):
+    plane = await plane_factory(max_agent_streams=2)
+    first, second = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    code, details = await code_of(plane.agent("node-2").receive())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "agent streams" in details
+    assert first.call.done() is False and second.call.done() is False  # the others are served on

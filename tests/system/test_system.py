@@ -236,3 +236,21 @@ def test_an_out_dir_that_leads_outside_the_data_root_fails_only_that_job(local_c
     again = c.submit(job_file, "fine")  # the agent still serves other jobs
     done = c.wait_until(lambda: c.job(again.id) if c.job(again.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
     assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail
+
+
+def test_a_job_whose_files_go_bad_fails_alone_and_the_agent_serves_the_next(local_cluster, tmp_path):
+    """A telemetry file that is not what it should be once killed the agent's telemetry loop."""
+    long_job, short_job = tmp_path / "long.yaml", tmp_path / "short.yaml"
+    model = ROOT / "examples" / "models" / "tiny.yaml"
+    long_job.write_text(f"model: {model}\nsteps: 2000\nseed: 1\n")
+    short_job.write_text(f"model: {model}\nsteps: 4\nseed: 2\n")
+    c = local_cluster(nodes=1, devices_per_node=2)
+    job = c.submit(long_job, "a")
+    c.wait_until(lambda: c.job(job.id).step >= 3)
+    with open(tmp_path / "a" / "telemetry" / "worker-0.jsonl", "a") as f:
+        f.write("{this is not json\n")
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    assert final.state == state_pb2.JOB_STATE_FAILED and "unreadable" in final.detail, final.detail
+    after = c.submit(short_job, "b")
+    done = c.wait_until(lambda: c.job(after.id) if c.job(after.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail
