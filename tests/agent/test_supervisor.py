@@ -28,3 +28,12 @@ def test_a_job_that_cannot_start_reports_failed_with_its_cause():
     job = FailedHere("workers could not start on node-0: out dir is read-only")
     assert job.state() == ("failed", "workers could not start on node-0: out dir is read-only")
     assert job.new_telemetry() == [] and job.active_version == 0
+
+
+@pytest.mark.parametrize("job_id", ["../../x", "a/b", ".hidden", "", "x" * 200])
+def test_a_job_id_names_no_folder_outside_the_inbox(tmp_path, job_id):
+    from drover.agent.supervisor import JobWorkers
+
+    with pytest.raises(ValueError, match="job id"):
+        JobWorkers(job_id, {}, 1, 0, 1, {}, "tcp://127.0.0.1:1", None, tmp_path / "out", "node-0", tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing made anywhere

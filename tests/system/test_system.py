@@ -254,3 +254,13 @@ def test_a_job_whose_files_go_bad_fails_alone_and_the_agent_serves_the_next(loca
     after = c.submit(short_job, "b")
     done = c.wait_until(lambda: c.job(after.id) if c.job(after.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
     assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail
+
+
+def test_an_unusable_out_dir_fails_the_job_with_its_cause(local_cluster, tmp_path):
+    (tmp_path / "occupied").write_text("a file where the job's folder should be")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
+    c = local_cluster(nodes=1, devices_per_node=2)
+    job = c.submit(job_file, "occupied")
+    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    assert final.state == state_pb2.JOB_STATE_FAILED and "could not start" in final.detail, final.detail
