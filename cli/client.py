@@ -11,12 +11,10 @@ import grpc
 from google.protobuf import json_format
 
 from drover.control_plane.jobfile import read_job_file
+from drover.planner.wire import is_loopback
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
 
 DEFAULT_ADDRESS = os.environ.get("DROVER_CONTROL_PLANE", "127.0.0.1:50051")
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -32,14 +30,10 @@ class Target:
     def from_files(cls, address: str, ca_file: str | Path, token_file: str | Path) -> Target:
         return cls(address, Path(ca_file).read_bytes(), Path(token_file).read_text().strip())
 
-    @property
-    def host(self) -> str:
-        return self.address.rsplit(":", 1)[0]
-
 
 def connect(target: Target) -> jobs_pb2_grpc.JobServiceStub:
     if target.ca is None:
-        if target.host not in LOOPBACK:
+        if not is_loopback(target.address):
             raise ValueError(f"{target.address}: without TLS only a loopback control plane may be reached")
         return jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(target.address))
     credentials = grpc.composite_channel_credentials(

@@ -14,8 +14,8 @@ import click
 
 from drover.control_plane.detector import SETTINGS, DetectorSettings
 from drover.control_plane.identity import ROLES, add_node, add_token, make_credentials
+from drover.planner.wire import is_loopback
 
-from .client import LOOPBACK
 from .options import insecure_option
 
 DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
@@ -201,7 +201,7 @@ def agent(
 
     if (tls_dir is None) == (not insecure):
         raise click.UsageError("give --tls-dir DIR (with this node's certificate) or --insecure (loopback only)")
-    if insecure and address.rsplit(":", 1)[0] not in LOOPBACK:
+    if insecure and not is_loopback(address):
         raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
     _log_to_stderr()
     agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir)

@@ -6,7 +6,9 @@ import functools
 
 import click
 
-from .client import DEFAULT_ADDRESS, LOOPBACK, Target
+from drover.planner.wire import is_loopback
+
+from .client import DEFAULT_ADDRESS, Target
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
@@ -47,7 +49,7 @@ def control_plane_option(command):
     def with_target(*args, address: str, ca: str | None, token_file: str | None, insecure: bool, **kwargs):
         if insecure:
             target = Target(address)
-            if target.host not in LOOPBACK:
+            if not is_loopback(address):
                 raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
         elif ca is None or token_file is None:
             raise click.UsageError(

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.plan import plan_from_dict
-from drover.planner.wire import STREAM_OPTIONS, job_state, plan_to_proto
+from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
@@ -62,7 +62,6 @@ ROLE_OF = {
     "SetDetection": "admin",
     "Straggle": "admin",
 }
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000  # listings: per page by default, and at most
 MAX_AGENT_STREAMS = 4096  # nodes a control plane serves at once
 SERVER_LIMITS = [
@@ -383,7 +382,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 def check_loopback(*addresses: str) -> None:
     """Serving without TLS is for this machine only."""
     for where in addresses:
-        if where.rsplit(":", 1)[0] not in LOOPBACK:
+        if not is_loopback(where):
             raise ValueError(f"{where}: insecure serving is for loopback only (127.0.0.1, localhost, [::1])")
 
 

@@ -14,6 +14,14 @@ from .plan import Plan, plan_from_dict
 STREAM_OPTIONS = [("grpc.http2.bdp_probe", 0)]
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT is on this machine: where running without TLS is allowed."""
+    return address.rsplit(":", 1)[0] in LOOPBACK
+
+
 def job_state(name: str) -> state_pb2.JobState:
     """'running' -> JOB_STATE_RUNNING: storage and the domain keep the short names."""
     return state_pb2.JobState.Value(f"JOB_STATE_{name.upper()}")
