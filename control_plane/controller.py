@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import math
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -144,6 +145,8 @@ class ControlPlane:
                     step=job.step,
                 )
             )
+        for node in sorted({n for job in self.jobs.values() for n in job.nodes}):
+            self._expect_back(node)  # a node that never comes back fails its jobs, as after a disconnect
 
     def _track(self, job: RunningJob) -> None:
         self.jobs[job.id] = job
@@ -168,9 +171,12 @@ class ControlPlane:
                 flushed = time.monotonic()
                 try:
                     await self.flush()
-                except Exception:  # the samples stay buffered; the next tick tries again
-                    log.exception("telemetry flush failed")
-            await self._fail_silent_devices()
+                except Exception as exc:  # the samples stay buffered; the next tick tries again
+                    log.error("telemetry flush failed: %s: %s", type(exc).__name__, str(exc)[:200])
+            try:
+                await self._fail_silent_devices()
+            except Exception as exc:  # a failed write must not end the flusher
+                log.error("checking for silent devices failed: %s: %s", type(exc).__name__, str(exc)[:200])
 
     async def _fail_silent_devices(self) -> None:
         """A device that stops reporting while the rest of its job does is treated as failed."""
@@ -204,39 +210,52 @@ class ControlPlane:
 
     # -- agents ---------------------------------------------------------------------
 
-    def attach(self, node: str, host: str = "127.0.0.1") -> asyncio.Queue:
-        """Open `node`'s outbox; `host` is where its agent connects from, which is where
-        its workers listen when they host rank 0."""
-        self.hosts[node] = host
-        self.outboxes[node] = asyncio.Queue()
-        if node in self._lost:
-            self._lost.pop(node).cancel()
-        return self.outboxes[node]
-
-    async def hello(self, hello: agent_pb2.Hello, queue: asyncio.Queue) -> None:
+    async def hello(self, hello: agent_pb2.Hello, host: str = "127.0.0.1") -> asyncio.Queue:
+        """A sound hello makes this stream the node's (a newer one replaces an older) and
+        returns its outbox; `host` is where the agent connects from, which is where its
+        workers listen when they host rank 0. A bad hello changes nothing."""
         devices, nics = check_hello(hello)
-        await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
-        running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
-        for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
-            await self.status(hello.node, ended)  # it may have ended while we were away
-        for job in list(self.jobs.values()):
-            if hello.node not in job.nodes:
-                continue
-            if job.node_states.get(hello.node) == "completed":
-                continue
-            if job.id not in running_here:
-                await self._fail(job, f"node {hello.node} came back without the job's workers")
-                continue
-            job.node_versions[hello.node] = running_here[job.id].active_plan_version
-            if job.node_versions[hello.node] < job.version:  # level-triggered: resend the desired state
-                queue.put_nowait(self._plan_update(job))
+        queue: asyncio.Queue = asyncio.Queue()
+        self.hosts[hello.node] = host
+        self.outboxes[hello.node] = queue
+        if hello.node in self._lost:
+            self._lost.pop(hello.node).cancel()
+        try:
+            await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
+            running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
+            for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
+                await self.status(hello.node, ended)  # it may have ended while we were away
+            for job in list(self.jobs.values()):
+                if hello.node not in job.nodes:
+                    continue
+                if job.node_states.get(hello.node) == "completed":
+                    continue
+                if job.id not in running_here:
+                    await self._fail(job, f"node {hello.node} came back without the job's workers")
+                    continue
+                _check_version(job, running_here[job.id].active_plan_version, "hello.jobs.active_plan_version")
+                job.node_versions[hello.node] = running_here[job.id].active_plan_version
+                if job.node_versions[hello.node] < job.version:  # level-triggered: resend the desired state
+                    queue.put_nowait(self._plan_update(job))
+        except BaseException:
+            await self.disconnected(hello.node, queue)  # the stream ends here: nothing of it stays
+            raise
+        return queue
 
     async def disconnected(self, node: str, queue: asyncio.Queue) -> None:
-        if self.outboxes.get(node) is queue:
-            del self.outboxes[node]
+        """The end of a stream; only the node's current one counts (a reconnect replaced it)."""
+        if self.outboxes.get(node) is not queue:
+            return
+        del self.outboxes[node]
         await self.store.write(lambda s: queries.set_connected(s, node, False))
         if any(node in j.nodes for j in self.jobs.values()):
-            self._lost[node] = asyncio.create_task(self._give_up_on(node))
+            self._expect_back(node)
+
+    def _expect_back(self, node: str) -> None:
+        """Fail the node's jobs unless its agent says hello within AGENT_GRACE_S."""
+        if node in self._lost:
+            self._lost.pop(node).cancel()
+        self._lost[node] = asyncio.create_task(self._give_up_on(node))
 
     async def _give_up_on(self, node: str) -> None:
         await asyncio.sleep(AGENT_GRACE_S)
@@ -251,16 +270,19 @@ class ControlPlane:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
         job = self._job_placed_on(node, message.job_id)
-        for i, s in enumerate(message.devices):
+        for i, s in enumerate(message.devices):  # checked before anything is kept
             if not s.device.startswith(node + "/"):
                 raise PermissionDenied(
                     f"telemetry.devices[{i}].device = {s.device[:80]!r}: node {node} reports for its own devices only"
                 )
-        if job is not None and message.active_plan_version > job.version:  # checked before anything is kept
-            raise FailedPrecondition(
-                f"telemetry.active_plan_version = {message.active_plan_version}: job {job.id} "
-                f"has no plan version above {job.version} (a stale or foreign agent?)"
-            )
+            if job is not None and s.device not in job.ranks:
+                raise PermissionDenied(f"telemetry.devices[{i}].device = {s.device[:80]!r}: not a device of {job.id}")
+            if job is not None and s.step >= job.spec.steps:
+                raise InvalidArgument(
+                    f"telemetry.devices[{i}].step = {s.step}: job {job.id} has {job.spec.steps} steps"
+                )
+        if job is not None:
+            _check_version(job, message.active_plan_version, "telemetry.active_plan_version")
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
@@ -359,7 +381,7 @@ class ControlPlane:
         plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
-        job_id = f"job-{int(time.time() * 1000) % 10**10}"
+        job_id = f"job-{int(time.time() * 1000) % 10**10}{secrets.randbelow(100):02d}"  # unique, and a number
         out = out_dir or f"jobs/{job_id}"  # relative: each agent resolves it inside its data root
         model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
@@ -409,6 +431,10 @@ class ControlPlane:
             plan=plan_to_proto(plan),
             out_dir=out,
         )
+        gone = [node for node in job.nodes if node not in self.outboxes]
+        if gone:  # an agent left while the job was being planned and stored
+            await self._fail(job, f"node {', '.join(gone)} left while the job was being placed; submit it again")
+            return await self.store.query(lambda s: queries.get_job(s, job_id))
         for node in job.nodes:
             self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))
         return job_row
@@ -469,6 +495,8 @@ class ControlPlane:
             job.wake.clear()
             if job.ending:
                 return
+            while job.forced and job.forced[0][1].done():
+                job.forced.pop(0)  # its caller gave up waiting
             forced = job.forced.pop(0) if job.forced else None
             if job.forced:
                 job.wake.set()  # another request waits: come round again
@@ -480,7 +508,7 @@ class ControlPlane:
                 if forced is not None and not forced[1].done():
                     forced[1].set_exception(exc)
                 else:
-                    log.exception("reconciling %s failed", job.id)
+                    log.error("reconciling %s failed: %s: %s", job.id, type(exc).__name__, str(exc)[:200])
 
     async def _reconcile(self, job: RunningJob, forced: tuple[str, asyncio.Future] | None) -> None:
         rates = job.detector.rates()
@@ -500,8 +528,10 @@ class ControlPlane:
                 job.announced.add((action.device, "link"))
                 await self._event(job, "slow_link_suspected", {"device": action.device})
             elif isinstance(action, coordinator.PushPlan):
+                if job.ending:
+                    break  # no new plan for a job that is ending
                 version = await self._push(job, action.plan, action.rates, action.reason)
-                if forced is not None:
+                if forced is not None and not forced[1].done():
                     forced[1].set_result(version)
             elif isinstance(action, coordinator.SkipPlan):
                 job.planned_rates = dict(action.rates)  # settled: do not reconsider until rates move again
@@ -559,21 +589,21 @@ class ControlPlane:
     async def _end(self, job: RunningJob, state: str, detail: str, kind: str, details: dict) -> Job | None:
         """End a running job once: its reconcile task stops first, so the ending event is the
         job's last; None when it had ended already."""
-        if self.jobs.get(job.id) is not job:
+        if job.ending or self.jobs.get(job.id) is not job:
             return None
-        del self.jobs[job.id]
         job.ending = True  # a round under way finishes whole (its events and writes), then the task stops
         job.wake.set()
-        if job.reconciler is not None and job.reconciler is not asyncio.current_task():
+        if job.reconciler is not None:
             await asyncio.gather(job.reconciler, return_exceptions=True)
         # A plan every node ran before the end is committed, even if the end came first.
         for action in coordinator.decide(job.state(self.detection_paused), Observation({}), self.settings):
             if isinstance(action, coordinator.Commit):
                 await self._commit(job, action.version)
+        del self.jobs[job.id]  # from here on, nothing but the ending event is written for it
         for _, version in job.forced:
             if not version.done():
                 version.set_exception(FailedPrecondition(f"job {job.id} is {state}, not running"))
-        await self._event(job, kind, details)
+        await self._event(job, kind, details, ending=True)
 
         def update(session):
             row = queries.get_job(session, job.id)
@@ -582,7 +612,11 @@ class ControlPlane:
 
         return await self.store.write(update)
 
-    async def _event(self, job: RunningJob, kind: str, details: dict, step: int | None = None) -> None:
+    async def _event(
+        self, job: RunningJob, kind: str, details: dict, step: int | None = None, ending: bool = False
+    ) -> None:
+        if not ending and self.jobs.get(job.id) is not job:
+            return  # the job has ended: its ending event stays its last
         at = job.step if step is None else step
         await self.store.write(lambda s: queries.add_event(s, job.id, at, kind, details))
         self.new_events.set()
@@ -594,3 +628,9 @@ class ControlPlane:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
         except TimeoutError:
             pass
+
+
+def _check_version(job: RunningJob, version: int, where: str) -> None:
+    """An agent cannot run a plan version the job never had (a stale or foreign agent)."""
+    if version > job.version:
+        raise FailedPrecondition(f"{where} = {version}: job {job.id} has no plan version above {job.version}")

@@ -42,29 +42,45 @@ class PermissionDenied(PermissionError):
 
 def check_bounds(message, path: str) -> None:
     """Every string, list and number of `message` (recursively) within its bounds: strings and
-    lists short, numbers finite, non-negative and below MAX_NUMBER."""
+    lists short, numbers finite, non-negative and below MAX_NUMBER, enums a known value."""
     for field, value in message.ListFields():
         where = f"{path}.{field.name}"
-        if field.is_repeated:
-            limit = MAX_ITEMS_OF.get(field.name, MAX_ITEMS)
-            if len(value) > limit:
-                raise InvalidArgument(f"{where}: {len(value)} entries, at most {limit}")
-            items = value.values() if field.message_type and field.message_type.GetOptions().map_entry else value
+        if not field.is_repeated:
+            _check_value(field, value, where)
+            continue
+        limit = MAX_ITEMS_OF.get(field.name, MAX_ITEMS)
+        if len(value) > limit:
+            raise InvalidArgument(f"{where}: {len(value)} entries, at most {limit}")
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            key_field, value_field = (
+                field.message_type.fields_by_name["key"],
+                field.message_type.fields_by_name["value"],
+            )
+            for key, item in value.items():
+                _check_value(key_field, key, f"{where} key")
+                _check_value(value_field, item, f"{where}[{quote(key)}]")
         else:
-            items = [value]
-        for item in items:
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
-                check_bounds(item, where)
-            elif field.type == FieldDescriptor.TYPE_STRING:
-                limit = MAX_STRINGS.get(field.name, MAX_STRING)
-                if len(item) > limit:
-                    raise InvalidArgument(f"{where} = {quote(item)}: at most {limit} characters")
-            elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-                if not (math.isfinite(item) and 0.0 <= item <= MAX_NUMBER):
-                    raise InvalidArgument(f"{where} = {item!r}: a finite number >= 0 and <= {MAX_NUMBER:g}")
-            elif field.type != FieldDescriptor.TYPE_BOOL and field.type != FieldDescriptor.TYPE_ENUM:
-                if not 0 <= item <= MAX_NUMBER:
-                    raise InvalidArgument(f"{where} = {item}: an integer >= 0 and <= {MAX_NUMBER:g}")
+            for item in value:
+                _check_value(field, item, where)
+
+
+def _check_value(field, value, where: str) -> None:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        check_bounds(value, where)
+    elif field.type == FieldDescriptor.TYPE_STRING:
+        limit = MAX_STRINGS.get(field.name, MAX_STRING)
+        if len(value) > limit:
+            raise InvalidArgument(f"{where} = {quote(value)}: at most {limit} characters")
+    elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_NUMBER):
+            raise InvalidArgument(f"{where} = {value!r}: a finite number >= 0 and <= {MAX_NUMBER:g}")
+    elif field.type == FieldDescriptor.TYPE_ENUM:
+        if value not in field.enum_type.values_by_number:
+            names = ", ".join(v.name for v in field.enum_type.values)
+            raise InvalidArgument(f"{where} = {value}: one of {names}")
+    elif field.type != FieldDescriptor.TYPE_BOOL:
+        if not 0 <= value <= MAX_NUMBER:
+            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {MAX_NUMBER:g}")
 
 
 def check_out_dir(out_dir: str) -> str:

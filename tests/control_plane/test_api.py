@@ -71,11 +71,11 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
         (
             "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
             "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\nmodel: *d\nsteps: 3\n",
-            "anchors and aliases are not allowed",
+            "aliases are not allowed",
         ),
         ("name: " + "x" * 70_000 + "\n", "at most 65536"),
         ("model: {layers: 2}\nsteps: 3\n", "'hidden'"),
-        ("model: [unclosed\n", "valid YAML"),
+        ("model: [unclosed\n", "plain YAML"),
     ],
 )
 async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
