@@ -43,13 +43,17 @@ def cpu_device(device_id: str) -> agent_pb2.Device:
 class ScriptedAgent:
     """An agent stream driven by the test: what it sends, and what comes back."""
 
-    def __init__(self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2):
+    def __init__(self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2, jobs=()):
+        """`jobs`: the JobStatus of jobs the agent says it runs (after a reconnect)."""
         self.node = node
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.outbox.put_nowait(
             agent_pb2.AgentMessage(
                 hello=agent_pb2.Hello(
-                    node=node, agent_version="test", devices=[cpu_device(f"{node}/{i}") for i in range(devices)]
+                    node=node,
+                    agent_version="test",
+                    devices=[cpu_device(f"{node}/{i}") for i in range(devices)],
+                    jobs=list(jobs),
                 )
             )
         )
@@ -91,8 +95,8 @@ class Plane:
     tmp: Path
     port: int
 
-    def agent(self, node: str, devices: int = 2) -> ScriptedAgent:
-        return ScriptedAgent(self.agents, node, devices)
+    def agent(self, node: str, devices: int = 2, jobs=()) -> ScriptedAgent:
+        return ScriptedAgent(self.agents, node, devices, jobs)
 
     async def connected(self, count: int) -> None:
         async def enough():

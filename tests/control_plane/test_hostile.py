@@ -107,3 +107,71 @@ async def test_agent_streams_are_capped(plane_factory):
     code, details = await code_of(plane.agent("node-2").receive())
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "agent streams" in details
     assert first.call.done() is False and second.call.done() is False  # the others are served on
+
+
+async def test_an_older_stream_ending_after_a_reconnect_changes_nothing(plane):
+    first = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await first.receive()
+    running = agent_pb2.JobStatus(job_id=job.id, state=state_pb2.JOB_STATE_RUNNING, active_plan_version=1)
+    plane.agent("node-0", jobs=[running])  # the agent reconnected; the old stream is noticed ending later
+    await asyncio.sleep(0.3)
+    first.call.cancel()
+    await asyncio.sleep(0.3)
+    nodes = (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes
+    assert [(n.name, n.connected) for n in nodes] == [("node-0", True)]
+    assert "node-0" not in plane.cp._lost  # no countdown to failing its job
+    assert (await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING
+
+
+@pytest.mark.parametrize(
+    "sample, code, fragment",
+    [
+        ({"device": "node-0/7", "step": 1}, grpc.StatusCode.PERMISSION_DENIED, "not a device of"),
+        ({"device": "node-0/0", "step": 10**12}, grpc.StatusCode.INVALID_ARGUMENT, "steps"),
+    ],
+)
+async def test_telemetry_for_what_the_job_does_not_have_is_refused(plane, sample, code, fragment):
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await agent.receive()
+    agent.send(
+        telemetry=agent_pb2.Telemetry(
+            job_id=job.id, active_plan_version=1, devices=[agent_pb2.DeviceSample(compute_s_per_block=0.5, **sample)]
+        )
+    )
+    got, details = await code_of(agent.receive())
+    assert got == code and fragment in details
+    assert (await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).step <= 0
+
+
+@pytest.mark.parametrize("job_yaml", ["[" * 60_000, "steps: " + "9" * 5_000])
+async def test_deep_or_huge_yaml_is_invalid_argument(plane, job_yaml):
+    code, details = await code_of(plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_yaml)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "plain YAML" in details
+
+
+async def test_unknown_enum_values_and_huge_limits_are_invalid_argument(plane):
+    hello = agent_pb2.Hello(node="node-9", jobs=[agent_pb2.JobStatus(job_id="j", state=77)])
+    code, details = await hello_answer(plane, hello)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "state = 77" in details
+    code, details = await code_of(plane.jobs.QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id="j", limit=10**9)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "limit" in details
+
+
+async def test_after_a_restart_a_node_that_never_returns_is_expected(tmp_path):
+    from support import serve_plane
+
+    plane, stop = await serve_plane(tmp_path)
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    await plane.submit()
+    await agent.receive()
+    await stop()
+    again, stop_again = await serve_plane(tmp_path)  # node-0 does not come back
+    try:
+        assert "node-0" in again.cp._lost  # its jobs fail unless it says hello within the grace period
+    finally:
+        await stop_again()
