@@ -27,6 +27,7 @@ from .supervisor import FailedHere, JobWorkers, inside
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
 HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least this often
+FORGET_AFTER_S = 300.0  # an ended job stays in hellos this long after its end went up, then is dropped
 
 
 def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
@@ -59,6 +60,7 @@ class Agent:
         self.jobs: dict[str, JobWorkers] = {}
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
+        self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
         start_worker_launcher()  # before the agent lowers its priority: workers keep the full one
 
@@ -184,6 +186,10 @@ class Agent:
     def _tick(self) -> list[agent_pb2.AgentMessage]:
         out = []
         nics = self._nic_samples()
+        for job_id in [j for j, at in self._ended_at.items() if time.monotonic() - at > FORGET_AFTER_S]:
+            # Long reported: forgotten, so hellos stay small and old processes are let go.
+            self.jobs.pop(job_id, None)
+            del self._ended_at[job_id]
         for job_id, workers in list(self.jobs.items()):
             if job_id in self._reported:
                 continue
@@ -239,6 +245,7 @@ class Agent:
         if workers.state()[0] != "running":  # the end, once per stream
             out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
             self._reported.add(job_id)
+            self._ended_at.setdefault(job_id, time.monotonic())
             workers.stop()
         return out
 

@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import ipaddress
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from .validation import PermissionDenied, Unauthenticated
 ROLES = ("reader", "operator", "admin")  # each may do what the one before it may, and more
 DEFAULT_TOKENS = {"admin": "admin", "operator": "operator", "reader": "reader"}  # name -> role
 VALID_DAYS = 365
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def _write_key(path: Path, key) -> None:
     path.chmod(0o600)
 
 
-def _certificate(subject: str, key, issuer_cert, issuer_key, *, ca: bool = False, names=(), usage=None):
+def _certificate(subject: str, key, issuer_cert, issuer_key, *, ca: bool = False, names=(), uris=(), usage=None):
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (
@@ -82,8 +84,8 @@ def _certificate(subject: str, key, issuer_cert, issuer_key, *, ca: bool = False
         .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
     )
-    if names:
-        alternatives = []
+    if names or uris:
+        alternatives = [x509.UniformResourceIdentifier(u) for u in uris]
         for n in names:
             try:
                 alternatives.append(x509.IPAddress(ipaddress.ip_address(n)))
@@ -124,11 +126,16 @@ def add_server(folder: Path, names: list[str]) -> None:
 
 def add_node(folder: Path, node: str) -> None:
     """node-NODE.pem: a client certificate whose common name is the node it speaks for."""
-    if not node or "/" in node or len(node) > 64:
-        raise ValueError(f"node name {node[:80]!r}: 1 to 64 characters without '/'")
+    if not NODE_NAME.fullmatch(node):
+        raise ValueError(f"node name {node[:80]!r}: 1 to 64 letters, digits, '_', '.' or '-'")
     ca_cert, ca_key = _load_ca(folder)
     key = _key()
-    cert = _certificate(node, key, ca_cert, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    # The node's name is the common name; the URI alternative name means no DNS name or address
+    # is in the certificate, so it cannot pass for the control plane's even for a node named
+    # like a host.
+    cert = _certificate(
+        node, key, ca_cert, ca_key, uris=[f"drover://node/{node}"], usage=ExtendedKeyUsageOID.CLIENT_AUTH
+    )
     _write_key(folder / f"node-{node}.key", key)
     _write_cert(folder / f"node-{node}.pem", cert)
 

@@ -160,3 +160,29 @@ async def test_an_agent_certificate_is_no_client_credential(served, certs):
     channel = grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", agent_credentials(certs, "node-0"))
     stub = jobs_pb2_grpc.JobServiceStub(channel)
     assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_node_certificate_cannot_pose_as_the_control_plane(tmp_path, certs):
+    """A node named like a host still gets no name a client would accept for the server."""
+    from drover.control_plane.identity import add_node
+
+    add_node(certs, "localhost")
+    posing = tmp_path / "posing"
+    posing.mkdir()
+    for name, source in (
+        ("ca.pem", "ca.pem"),
+        ("server.pem", "node-localhost.pem"),
+        ("server.key", "node-localhost.key"),
+        ("tokens.json", "tokens.json"),
+    ):
+        (posing / name).write_bytes((certs / source).read_bytes())
+    fake = await start_server(str(tmp_path / "fake.db"), "localhost:0", agent_address="localhost:0", tls_dir=posing)
+    try:
+        stub = jobs_pb2_grpc.JobServiceStub(
+            grpc.aio.secure_channel(
+                f"localhost:{fake.port}", grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+            )
+        )
+        assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await stop_server(fake)
