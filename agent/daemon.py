@@ -3,7 +3,7 @@ run the job's workers and apply what comes down the stream.
 
 Level-triggered, like flocker's agent loop: after any reconnect the agent
 sends its whole state (Hello with the jobs it runs and the plan version
-active), and the control plane answers with the whole desired state. Nothing
+active), and the control plane answers with the newest plans. Nothing
 depends on a message having been seen before.
 """
 

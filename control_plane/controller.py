@@ -4,7 +4,7 @@ each job's reconcile task.
 Desired state vs observed state, as a Kubernetes controller: a job's plan
 version is the desired generation, the version every agent reports active
 is the observed one; a plan is committed when the two meet. After any
-reconnect an agent says what it runs and gets the full desired state back.
+reconnect an agent says what it runs and gets the newest plans back.
 
 Telemetry only records what it observes and wakes the job's reconcile task;
 that one task per job asks `coordinator.decide` what to do and does it, so
@@ -451,7 +451,7 @@ class ControlPlane:
 
     async def replan(self, job_id: str, reason: str) -> int:
         """Plan for what is measured now, whatever the detector thinks; the job's reconcile
-        task does it, so it never overlaps a rollout the detector started."""
+        task does it, so it never runs at the same time as a detector-started round."""
         job = await self._running(job_id)
         version = asyncio.get_running_loop().create_future()
         job.forced.append((reason or "forced by request", version))
