@@ -157,7 +157,8 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=15)
             log.close()
-        result["server_log_lines"] = len((Path(tmp) / "server.log").read_text().splitlines())
+        lines = (Path(tmp) / "server.log").read_text().splitlines()
+        result["server_errors"] = [line[:300] for line in lines if " failed" in line or "Error" in line][:20]
     print(json.dumps(result, indent=1))
 
 
