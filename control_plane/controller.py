@@ -54,6 +54,9 @@ AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails 
 FLUSH_EVERY_S = 1.0
 FLUSH_ROWS = 1_000
 DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is failed
+# A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
+# with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
+MAX_JOB_DEVICES = 16_384
 
 
 @dataclass
@@ -367,14 +370,14 @@ class ControlPlane:
     async def submit(self, job_yaml: str, out_dir: str) -> Job:
         spec = job_from_wire(job_yaml, "job_yaml")
         out_dir = check_out_dir(out_dir)
-        nodes = await self.store.write(
+        nodes = await self.store.query(
             lambda s: [
                 (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
                 for n in queries.nodes(s)
                 if n.connected and not n.drained and n.name in self.outboxes
             ]
         )
-        nodes = [n for n in nodes if n[1]]
+        nodes = _within(MAX_JOB_DEVICES, [n for n in nodes if n[1]])
         if not nodes:
             raise FailedPrecondition("no connected, undrained node with devices: start agents first")
         cluster = planning.cluster_of(nodes)
@@ -634,3 +637,14 @@ def _check_version(job: RunningJob, version: int, where: str) -> None:
     """An agent cannot run a plan version the job never had (a stale or foreign agent)."""
     if version > job.version:
         raise FailedPrecondition(f"{where} = {version}: job {job.id} has no plan version above {job.version}")
+
+
+def _within(budget: int, nodes: list) -> list:
+    """Whole nodes, in name order, while their devices fit the budget."""
+    out = []
+    for node in nodes:
+        if len(node[1]) > budget:
+            break
+        out.append(node)
+        budget -= len(node[1])
+    return out

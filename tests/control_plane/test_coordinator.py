@@ -120,3 +120,11 @@ def test_skip_reports_its_figures():
     [action] = decide(STEADY, Observation(SLOW, proposal=proposal(migration=40.0)), SETTINGS)
     assert action.details["steps_left"] == 79 and action.details["gain_s"] == pytest.approx(0.4 * 79)
     assert action.details["rates"] == {"n1/0": 3.0}
+
+
+def test_a_job_takes_whole_nodes_within_its_device_budget():
+    from drover.control_plane.controller import _within
+
+    nodes = [("a", [1] * 8, []), ("b", [1] * 8, []), ("c", [1] * 8, [])]
+    assert [n for n, _, _ in _within(16, nodes)] == ["a", "b"]
+    assert [n for n, _, _ in _within(15, nodes)] == ["a"]
