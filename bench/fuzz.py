@@ -62,6 +62,10 @@ async def agent_answer(channel, i: int, message: bytes) -> str:
     await call.write(message)
     await call.done_writing()
     code = (await call.code()).name
+    if code == "INTERNAL" and "from Core" in (await call.details()):
+        # gRPC's own client status for a write on a stream the server had already closed: counted
+        # apart, so a server fault (INTERNAL with the control plane's message) stays visible.
+        return "INTERNAL_CLIENT_SIDE"
     return "OK" if code == "DEADLINE_EXCEEDED" else code
 
 
