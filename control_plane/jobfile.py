@@ -65,8 +65,6 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
         raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
-    if model.family != "gpt":  # the planner plans llama; the workers build gpt blocks only, for now
-        raise f.error("model.family", model.family, "gpt (the training runtime builds gpt blocks only)")
     return JobSpec(model, model_data, f.integer("steps"), f.integer("seed", 0, minimum=0))
 
 

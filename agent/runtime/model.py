@@ -1,7 +1,10 @@
-"""A GPT-style decoder for one device, in the spirit of nanoGPT.
+"""GPT- and Llama-style decoders for one device, in the spirit of nanoGPT.
 
-The model is a token + position embedding, a list of blocks, and a head
-(final LayerNorm and an untied LM head). Every part is initialised from
+The model is an embedding, a list of blocks, and a head (final norm and an
+untied LM head). `family` picks the parts: gpt (token + learned position
+embedding, LayerNorm, multi-head attention, GELU MLP) or llama (token
+embedding only, RMSNorm, rotary positions, grouped-query attention with
+kv_heads key/value heads, SwiGLU MLP). Every part is initialised from
 (seed, part) alone, so any process can build any block identically and
 without the others. Nothing here knows about parallelism: tensor
 parallelism is applied afterwards by `tensor_parallel.py`, which slices the
@@ -25,10 +28,16 @@ class GPTConfig:
     heads: int = 4
     seq_len: int = 32
     vocab: int = 128
+    family: str = "gpt"  # gpt | llama
+    kv_heads: int = 0  # key/value heads (llama); 0 means heads
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return (self.kv_heads or self.heads) * self.head_dim
 
 
 EMBED, HEAD = "embed", "head"  # the parts that are not blocks
@@ -47,6 +56,8 @@ def _init_(module: nn.Module, seed: int) -> nn.Module:
             if isinstance(sub, nn.LayerNorm):
                 sub.weight.fill_(1.0)
                 sub.bias.zero_()
+            elif isinstance(sub, RMSNorm):
+                sub.weight.fill_(1.0)
             elif isinstance(sub, (nn.Linear, nn.Embedding)):
                 sub.weight.copy_(torch.randn(sub.weight.shape, generator=generator) * 0.02)
     return module
@@ -102,9 +113,104 @@ class Head(nn.Module):
         return self.out(self.norm(x))
 
 
+# -- llama ---------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, no bias."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+ROPE_THETA = 10_000.0
+
+
+def rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
+    """Rotary position embedding of x (batch, heads, seq, head_dim), rotate-half form.
+    Computed on the fly: a buffer would not survive building on the meta device."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+    freqs = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((freqs, freqs), dim=-1).to(x.dtype)
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+    return x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
+
+
+class LlamaEmbedding(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-RMSNorm grouped-query attention (heads query heads, kv_heads key/value
+    heads, each shared by heads/kv_heads consecutive query heads) with rotary
+    positions, then a SwiGLU MLP. No biases; the same enter/exit hooks as Block."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(cfg.hidden)
+        self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.k = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
+        self.v = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
+        self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.mlp_norm = RMSNorm(cfg.hidden)
+        self.gate = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.up = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
+        self.enter: nn.Module = nn.Identity()
+        self.exit: nn.Module = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        h = self.enter(self.attn_norm(x))
+        q, k, v = (lin(h).view(batch, seq, -1, self.cfg.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        q, k = rope(q), rope(k)
+        # Local counts: under tensor parallelism a rank holds heads/t and kv_heads/t.
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.exit(self.o(y.transpose(1, 2).reshape(batch, seq, -1)))
+        h = self.enter(self.mlp_norm(x))
+        return x + self.exit(self.down(F.silu(self.gate(h)) * self.up(h)))
+
+
+class LlamaHead(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+# -- parts of either family ------------------------------------------------------
+
+FAMILIES: dict[str, tuple[type, type, type]] = {  # family -> (embedding, block, head)
+    "gpt": (Embedding, Block, Head),
+    "llama": (LlamaEmbedding, LlamaBlock, LlamaHead),
+}
+
+
+def part_kind(cfg: GPTConfig, part: int | str) -> type:
+    """The module class of a part in the config's family."""
+    embedding, block, head = FAMILIES[cfg.family]
+    return {EMBED: embedding, HEAD: head}.get(part, block)
+
+
 def build_part(cfg: GPTConfig, part: int | str, seed: int) -> nn.Module:
-    module = {EMBED: Embedding, HEAD: Head}.get(part, Block)(cfg)
-    return _init_(module, part_seed(seed, part))
+    return _init_(part_kind(cfg, part)(cfg), part_seed(seed, part))
 
 
 def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -114,7 +220,7 @@ def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class GPT(nn.Module):
-    """The whole model on one device: the reference for every parallel run."""
+    """The whole model on one device, of either family: the reference for every parallel run."""
 
     def __init__(self, cfg: GPTConfig, seed: int):
         super().__init__()

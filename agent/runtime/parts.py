@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .model import EMBED, HEAD, Block, Embedding, GPTConfig, Head
+from .model import EMBED, HEAD, GPTConfig, part_kind
 from .optim import STATE_KEYS
 from .tensor_parallel import shard, shard_block, unshard
 
@@ -24,14 +24,13 @@ def _meta_module(cfg: GPTConfig, kind: type) -> torch.nn.Module:
 
 
 def warm_up(cfg: GPTConfig) -> None:
-    for kind in (Embedding, Block, Head):
-        _meta_module(cfg, kind)
+    for part in (EMBED, 0, HEAD):
+        _meta_module(cfg, part_kind(cfg, part))
 
 
 def empty_part(cfg: GPTConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
     """An uninitialised module of the part's shard (t, r), to be filled by a transfer."""
-    kind = {EMBED: Embedding, HEAD: Head}.get(part, Block)
-    module = copy.deepcopy(_meta_module(cfg, kind)).to_empty(device=device)
+    module = copy.deepcopy(_meta_module(cfg, part_kind(cfg, part))).to_empty(device=device)
     if isinstance(part, int):
         shard_block(module, t, r)
     return module

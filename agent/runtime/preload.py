@@ -2,7 +2,8 @@
 import and its first meta-device modules (about two seconds) before any
 worker exists, so every worker starts warm."""
 
-from .model import GPTConfig
+from .model import FAMILIES, GPTConfig
 from .parts import warm_up
 
-warm_up(GPTConfig(layers=1, hidden=8, ffn_hidden=8, heads=1, seq_len=2, vocab=2))
+for family in FAMILIES:
+    warm_up(GPTConfig(layers=1, hidden=8, ffn_hidden=8, heads=1, seq_len=2, vocab=2, family=family))

@@ -1,11 +1,14 @@
-"""Megatron-style tensor parallelism applied to a one-device Block.
+"""Megatron-style tensor parallelism applied to a one-device block of either family.
 
-q, k, v and fc are split by output rows (column-parallel: each rank keeps
-heads/t heads and ffn/t units), proj and out by input columns (row-parallel:
-partial sums all-reduced). `enter` is identity forward and all-reduce
-backward; `exit` is all-reduce forward and identity backward. LayerNorms are
-replicated. Shard (t, r) of a tensor is always the same slice of the full
-tensor, which is what lets a block move between groups of different sizes.
+gpt: q, k, v and fc are split by output rows (column-parallel: each rank
+keeps heads/t heads and ffn/t units), proj and out by input columns
+(row-parallel: partial sums all-reduced). llama: q, k, v split by heads too
+(heads/t query heads and kv_heads/t key/value heads, so each rank's query
+heads find their shared key/value heads locally), gate and up by rows, o and
+down by columns. `enter` is identity forward and all-reduce backward; `exit`
+is all-reduce forward and identity backward. Norms are replicated. Shard
+(t, r) of a tensor is always the same slice of the full tensor, which is
+what lets a block move between groups of different sizes.
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .model import Block
-
-# A block's parameter name -> dimension split across the group. Everything
-# else (LayerNorms, the embedding and the head) is replicated in the group.
-BLOCK_SPLIT_DIM = {"q.weight": 0, "k.weight": 0, "v.weight": 0, "fc.weight": 0, "proj.weight": 1, "out.weight": 1}
+# A block's parameter name -> dimension split across the group, for both
+# families (gpt: q k v fc proj out; llama: q k v o gate up down). Everything
+# else (norms, the embedding and the head) is replicated in the group.
+BLOCK_SPLIT_DIM = {
+    "q.weight": 0,
+    "k.weight": 0,
+    "v.weight": 0,
+    "fc.weight": 0,
+    "proj.weight": 1,
+    "out.weight": 1,
+    "gate.weight": 0,
+    "up.weight": 0,
+    "o.weight": 1,
+    "down.weight": 1,
+}
 
 
 def split_dim(part, name: str) -> int | None:
@@ -99,7 +112,7 @@ class Exit(nn.Module):
         return _Exit.apply(x, self.group, self.clock)
 
 
-def shard_block(block: Block, t: int, r: int) -> Block:
+def shard_block(block: nn.Module, t: int, r: int) -> nn.Module:
     """Keep shard r of t of the block's split weights (the group's hooks come with join_group)."""
     if t == 1:
         return block
@@ -112,6 +125,6 @@ def shard_block(block: Block, t: int, r: int) -> Block:
     return block
 
 
-def join_group(block: Block, group, clock: WaitClock) -> None:
+def join_group(block: nn.Module, group, clock: WaitClock) -> None:
     """Route the block's split regions through the group's all-reduces, timed by `clock`."""
     block.enter, block.exit = Enter(group, clock), Exit(group, clock)

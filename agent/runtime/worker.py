@@ -34,7 +34,7 @@ from . import layout
 from .checkpoint import save_checkpoint, save_model
 from .grad_sync import sync_gradients
 from .migration import migrate, summarize
-from .model import GPTConfig
+from .model import FAMILIES, GPTConfig
 from .optim import AdamW
 from .parts import warm_up
 from .schedule import Stats, run_stage
@@ -65,9 +65,11 @@ class WorkerArgs:
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
-    if spec.family != "gpt":
-        raise SpecError(spec.name, "family", spec.family, "gpt (the training runtime builds gpt blocks only)")
-    return GPTConfig(spec.layers, spec.hidden, spec.ffn_hidden, spec.heads, spec.seq_len, spec.vocab)
+    if spec.family not in FAMILIES:
+        raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}")
+    return GPTConfig(
+        spec.layers, spec.hidden, spec.ffn_hidden, spec.heads, spec.seq_len, spec.vocab, spec.family, spec.kv_heads
+    )
 
 
 class Worker:

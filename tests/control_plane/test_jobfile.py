@@ -33,10 +33,15 @@ def test_the_server_opens_no_path(model, monkeypatch):
     assert opened == []
 
 
-def test_a_job_with_a_model_the_runtime_cannot_build_is_refused():
+def test_a_job_with_a_model_family_nobody_builds_is_refused():
     with pytest.raises(SpecError) as info:
-        job_from_wire(json.dumps({"model": {**MODEL, "family": "llama"}, "steps": 2}))
-    assert info.value.field == "model.family" and "gpt" in str(info.value)
+        job_from_wire(json.dumps({"model": {**MODEL, "family": "mamba"}, "steps": 2}))
+    assert info.value.field == "family" and "gpt" in str(info.value) and "llama" in str(info.value)
+
+
+def test_a_job_with_a_llama_model_is_taken():
+    job = job_from_wire(json.dumps({"model": {**MODEL, "family": "llama", "kv_heads": 2}, "steps": 2}))
+    assert job.model.family == "llama" and job.model.kv_heads == 2
 
 
 def test_errors_quote_only_a_prefix_of_a_huge_value():
