@@ -30,7 +30,7 @@ from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
-from .controller import TERMINAL, ControlPlane
+from .controller import REPLACED, TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
 from .limits import RateLimiter, ResourceExhausted
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
@@ -197,6 +197,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 getter = asyncio.create_task(outbox.get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
+                    if getter.result() is REPLACED:
+                        raise FailedPrecondition(f"a newer stream of node {node} replaced this one")
                     yield getter.result()
                 if reader in done:
                     reader.result()  # raises what broke the stream

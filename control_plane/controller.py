@@ -57,6 +57,7 @@ DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while othe
 # A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
 # with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
 MAX_JOB_DEVICES = 16_384
+REPLACED = object()  # put in a node's outbox when a newer stream of the node takes over
 
 
 @dataclass
@@ -219,6 +220,9 @@ class ControlPlane:
         workers listen when they host rank 0. A bad hello changes nothing."""
         devices, nics = check_hello(hello)
         queue: asyncio.Queue = asyncio.Queue()
+        replaced = self.outboxes.get(hello.node)
+        if replaced is not None:
+            replaced.put_nowait(REPLACED)  # one stream a node: the older one ends
         self.hosts[hello.node] = host
         self.outboxes[hello.node] = queue
         if hello.node in self._lost:

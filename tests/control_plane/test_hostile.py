@@ -122,6 +122,8 @@ async def test_an_older_stream_ending_after_a_reconnect_changes_nothing(plane):
     nodes = (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes
     assert [(n.name, n.connected) for n in nodes] == [("node-0", True)]
     assert "node-0" not in plane.cp._lost  # no countdown to failing its job
+    code, details = await code_of(first.receive())  # the older stream was ended, not left holding a slot
+    assert code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
     assert (await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_RUNNING
 
 
@@ -175,3 +177,15 @@ async def test_after_a_restart_a_node_that_never_returns_is_expected(tmp_path):
         assert "node-0" in again.cp._lost  # its jobs fail unless it says hello within the grace period
     finally:
         await stop_again()
+
+
+async def test_one_stream_a_node_so_one_certificate_cannot_hold_every_slot(plane_factory):
+    plane = await plane_factory(max_agent_streams=2)
+    first = plane.agent("node-0")
+    await plane.connected(1)
+    second = plane.agent("node-0")  # the same node again: replaces the first, holds one slot
+    code, details = await code_of(first.receive())
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "newer stream" in details
+    other = plane.agent("node-1")
+    await plane.connected(2)
+    assert not other.call.done() and not second.call.done()
