@@ -8,10 +8,13 @@ import os
 import re
 from pathlib import Path
 
-from drover.planner.model import model_from_dict
+from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.plan import Plan
+from drover.planner.spec_io import Fields
+from drover.planner.training import Optimizer, Schedule, training_from
 
 from .runtime.launch import worker_context
+from .runtime.optim import AdamW
 from .runtime.worker import WorkerArgs, worker_main
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -25,6 +28,17 @@ def inside(root: Path, relative: str) -> Path:
     if Path(relative).is_absolute() or not path.is_relative_to(root):
         raise ValueError(f"{relative[:80]!r} leads outside {root}")
     return path
+
+
+def worker_job(payload: dict) -> tuple[ModelSpec, Optimizer, Schedule]:
+    """StartJob.model_yaml, parsed: {"model", "optimizer", "schedule"} (JobSpec.workers_json),
+    or the model alone (what a control plane before optimizers sends)."""
+    if not (isinstance(payload, dict) and isinstance(payload.get("model"), dict)):
+        return model_from_dict(payload, "job model"), Optimizer(), Schedule()
+    f = Fields(payload, "start_job.model_yaml")
+    f.reject_unknown({"model", "optimizer", "schedule"})
+    optimizer, schedule = training_from(f)
+    return model_from_dict(payload["model"], "job model"), optimizer, schedule
 
 
 class FailedHere:
@@ -84,7 +98,7 @@ class JobWorkers:
         (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
-        spec = model_from_dict(model, "job model")
+        spec, optimizer, schedule = worker_job(model)
         ctx = worker_context()
         if self.hosts_rank0:  # rank 0 rewrites it; an earlier job's must not be read meanwhile
             (self.out_dir / "migrations.jsonl").unlink(missing_ok=True)
@@ -100,8 +114,10 @@ class JobWorkers:
                 steps,
                 [(0, plan)],
                 str(self.out_dir),
+                optim=AdamW.of(optimizer),
                 ranks=ranks,
                 inbox=str(self.inbox),
+                schedule=schedule,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
             proc.start()

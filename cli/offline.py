@@ -12,6 +12,8 @@ from drover.planner.plan import load_plan
 from drover.planner.search import STRATEGIES, make_plan
 from drover.planner.simulate import load_events
 from drover.planner.simulate import simulate as simulate_run
+from drover.planner.spec_io import load_mapping
+from drover.planner.training import Optimizer, Schedule, training_from_dict
 
 from .options import parse_slowdowns
 from .render import render_plan, render_simulation
@@ -102,6 +104,12 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
     metavar="DEVICE=RATE@STEP",
     help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.",
 )
+@click.option(
+    "--optimizer",
+    "optimizer_file",
+    metavar="FILE",
+    help="YAML/JSON with `optimizer` and/or `schedule`, as in a job file (default: AdamW, constant lr).",
+)
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Training steps.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the model and the data.")
 @click.option(
@@ -111,17 +119,20 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
     metavar="DIR",
     help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).",
 )
-def train(model_file, reference, workers, plan_file, switches, slow, steps, seed, out_dir) -> None:
+def train(model_file, reference, workers, plan_file, switches, slow, optimizer_file, steps, seed, out_dir) -> None:
     """Train the model, on local workers following plans or as the single-process reference."""
     from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
 
     spec = load_model(model_file)
+    optim, schedule = Optimizer(), Schedule()
+    if optimizer_file:
+        optim, schedule = training_from_dict(load_mapping(optimizer_file, "optimizer"), optimizer_file)
     if reference:
         if workers or plan_file or switches or slow:
-            raise click.UsageError("--reference takes only --model, --steps, --seed and --out")
-        train_reference(spec, steps, seed, out_dir)
+            raise click.UsageError("--reference takes only --model, --optimizer, --steps, --seed and --out")
+        train_reference(spec, steps, seed, out_dir, optim, schedule)
         return
     if not workers or not plan_file:
         raise click.UsageError("--workers and --plan are required without --reference")
     plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
-    train_workers(spec, workers, plans, steps, seed, out_dir, slow)
+    train_workers(spec, workers, plans, steps, seed, out_dir, slow, optim, schedule=schedule)

@@ -1,5 +1,6 @@
-"""Job files: the model (inline, or a path relative to the job file), steps
-and seed.
+"""Job files: the model (inline, or a path relative to the job file), steps,
+seed, and optionally the optimizer and the learning-rate schedule
+(drover.planner.training, which imports no torch).
 
 Over the network a job is its file's text with the model inline: the CLI
 reads the files where the user runs it (`read_job_file`) and the server
@@ -9,7 +10,8 @@ aliases, so a few hundred bytes cannot expand into gigabytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -17,6 +19,7 @@ import yaml
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.spec_io import Fields, load_mapping
+from drover.planner.training import Optimizer, Schedule, training_from
 
 MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
 
@@ -27,6 +30,24 @@ class JobSpec:
     model_data: dict
     steps: int
     seed: int
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    schedule: Schedule = field(default_factory=Schedule)
+
+    def wire_dict(self) -> dict:
+        """The job as job_from_wire reads it back: the model inline, everything else as given."""
+        return {
+            "model": self.model_data,
+            "steps": self.steps,
+            "seed": self.seed,
+            "optimizer": self.optimizer.to_dict(),
+            "schedule": self.schedule.to_dict(),
+        }
+
+    def workers_json(self) -> str:
+        """What StartJob.model_yaml carries to the agents (agent/supervisor.py's worker_job reads it)."""
+        return json.dumps(
+            {"model": self.model_data, "optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict()}
+        )
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -52,7 +73,7 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
 
 def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     f = Fields(data, source)
-    f.reject_unknown({"name", "model", "steps", "seed"})
+    f.reject_unknown({"name", "model", "steps", "seed", "optimizer", "schedule"})
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
@@ -65,7 +86,8 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
         raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
-    return JobSpec(model, model_data, f.integer("steps"), f.integer("seed", 0, minimum=0))
+    optimizer, schedule = training_from(f)
+    return JobSpec(model, model_data, f.integer("steps"), f.integer("seed", 0, minimum=0), optimizer, schedule)
 
 
 def load_job(path: str | Path) -> JobSpec:

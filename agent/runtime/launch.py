@@ -17,10 +17,11 @@ from drover.planner.errors import PlanError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 from drover.planner.ports import free_port
+from drover.planner.training import Optimizer, Schedule, lr_at
 
 from . import data
 from .model import GPT, loss_sum
-from .optim import AdamW
+from .optim import AdamW, clip_factor, local_sq_norm
 from .worker import WorkerArgs, config_of, worker_main
 
 LOCAL_NODE = "local"
@@ -45,10 +46,11 @@ def train_workers(
     seed: int,
     out_dir: str | Path,
     slow: dict[str, tuple[float, int]] | None = None,
-    optim: AdamW = AdamW(),
+    optim: Optimizer = AdamW(),
     start_step: int = 0,
     checkpoint_dir: str | Path | None = None,
     resume_dir: str | Path | None = None,
+    schedule: Schedule = Schedule(),
 ) -> None:
     """Train with `workers` processes; plans[0] starts at `start_step`, the others arrive at their steps.
 
@@ -77,10 +79,11 @@ def train_workers(
             plans,
             str(out),
             slow.get(f"{LOCAL_NODE}/{rank}"),
-            optim,
+            AdamW.of(optim),
             start_step,
             str(checkpoint_dir) if checkpoint_dir else None,
             str(resume_dir) if resume_dir else None,
+            schedule=schedule,
         )
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
@@ -118,8 +121,17 @@ def wait_all(procs) -> None:
                 raise RuntimeError(f"worker {proc.name} failed (exit code {proc.exitcode}); stopped the others")
 
 
-def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path, optim: AdamW = AdamW()) -> None:
-    """One process, the whole batch at once: what every parallel run must equal."""
+def train_reference(
+    spec: ModelSpec,
+    steps: int,
+    seed: int,
+    out_dir: str | Path,
+    optim: Optimizer = AdamW(),
+    schedule: Schedule = Schedule(),
+) -> None:
+    """One process, the whole batch at once: what every parallel run must equal
+    (the same clipping by the global norm and the same schedule)."""
+    optim = AdamW.of(optim)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = GPT(config_of(spec), seed)
@@ -130,8 +142,16 @@ def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path,
             inputs, targets = data.batch(seed, step, 0, spec.global_batch, spec.seq_len, spec.vocab)
             loss = loss_sum(model(inputs), targets) / spec.global_batch
             loss.backward()
+            grad_norm = None
+            if optim.clip_norm is not None:
+                sq = local_sq_norm([p.grad for p in model.parameters()], torch.device("cpu")).item()
+                grad_norm, factor = sq**0.5, clip_factor(sq, optim.clip_norm)
+                if factor < 1.0:
+                    for p in model.parameters():
+                        p.grad.mul_(factor)
+            lr = lr_at(optim, schedule, step, steps)
             for name, p in model.named_parameters():
-                optim.update(p.data, p.grad, state[name], step + 1)
+                optim.update(p.data, p.grad, state[name], step + 1, lr)
                 p.grad = None
             elapsed = time.perf_counter() - started
             trace.write(
@@ -140,9 +160,11 @@ def train_reference(spec: ModelSpec, steps: int, seed: int, out_dir: str | Path,
                         "step": step,
                         "loss": loss.item(),
                         "plan_version": 0,
+                        "lr": lr,
                         "step_time_s": elapsed,
                         "samples_per_s": spec.global_batch / elapsed,
                     }
+                    | ({"grad_norm": grad_norm} if grad_norm is not None else {})
                 )
                 + "\n"
             )

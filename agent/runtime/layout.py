@@ -172,3 +172,17 @@ def _one_of_each_shard(holders: dict[int, tuple[int, int]], dst: int) -> list[tu
         by_size.setdefault(t, {}).setdefault(r, rank)
     t = holders[dst][0] if dst in holders else min(by_size)
     return [(by_size[t][r], (t, r)) for r in range(t)]
+
+
+def norm_parts(plan: Plan, ranks: dict[str, int], rank: int) -> set[Part]:
+    """The parts whose gradients `rank` counts in the global gradient norm: those its
+    pipeline is the first to hold (after the sync every holder has the same gradient),
+    so each part is counted by one pipeline; within its TP group each device counts its
+    own shard of split tensors and member 0 alone counts the replicated ones."""
+    all_roles = roles(plan, ranks)
+    first: dict[Part, int] = {}
+    for role in all_roles.values():
+        for part in role.parts:
+            first[part] = min(first.get(part, role.pipeline), role.pipeline)
+    role = all_roles.get(rank)
+    return {part for part in role.parts if first[part] == role.pipeline} if role else set()

@@ -5,10 +5,13 @@ Each step: take in plans that arrived (from the launcher's list or the
 agent's inbox), agree with every worker on the plan version (all-reduce MIN
 of the newest version each holds; switch once all hold it), switch if needed
 (migration.py), run the stage's micro-batches (schedule.py), sum gradients
-across the pipelines holding each part (grad_sync.py), update with AdamW,
-and write the step's trace and telemetry lines. A device with no role in the
-plan idles through the step's collectives, ready to rejoin. After the last
-step: the checkpoint if asked for, and the gathered model (checkpoint.py).
+across the pipelines holding each part (grad_sync.py), clip by the global
+gradient norm if asked (every worker, idle ones too, joins the all-reduce of
+the squares it counts: layout.norm_parts), update with AdamW at the
+schedule's learning rate (planner/training.py), and write the step's trace
+and telemetry lines. A device with no role in the plan idles through the
+step's collectives, ready to rejoin. After the last step: the checkpoint if
+asked for, and the gathered model (checkpoint.py).
 
 The torch device is chosen once in worker_main and handed down explicitly.
 """
@@ -29,16 +32,17 @@ import torch.distributed as dist
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan, plan_from_dict
+from drover.planner.training import Schedule, lr_at
 
 from . import layout
 from .checkpoint import save_checkpoint, save_model
 from .grad_sync import sync_gradients
 from .migration import migrate, summarize
 from .model import FAMILIES, GPTConfig
-from .optim import AdamW
+from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import warm_up
 from .schedule import Stats, run_stage
-from .tensor_parallel import WaitClock, join_group
+from .tensor_parallel import WaitClock, join_group, split_dim
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -62,6 +66,7 @@ class WorkerArgs:
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
     inbox: str | None = None
+    schedule: Schedule = field(default_factory=Schedule)
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
@@ -86,6 +91,7 @@ class Worker:
         self.roles: dict[int, layout.Role] = {}
         self.groups: dict[tuple[int, ...], object] = {}  # process groups by their ranks
         self.parts: dict[layout.Part, torch.nn.Module] = {}
+        self.norm_parts: set[layout.Part] = set()  # parts whose gradients this worker counts in the norm
         self.state: dict[layout.Part, dict[str, dict[str, torch.Tensor]]] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
         self.telemetry = open(Path(args.out_dir) / "telemetry" / f"worker-{self.rank}.jsonl", "a")
@@ -110,6 +116,9 @@ class Worker:
                     migrations.write(json.dumps(record) + "\n")
                     migrations.flush()
             stats = self._train_step(step) if self.rank in self.roles else Stats()
+            grad_norm = self._clip() if self.args.optim.clip_norm is not None else None
+            if self.rank in self.roles:
+                self._update(step)
             loss = torch.tensor([stats.loss], device=self.torch_device)
             dist.all_reduce(loss)
             elapsed = time.perf_counter() - started
@@ -120,11 +129,13 @@ class Worker:
                             "step": step,
                             "loss": loss.item(),
                             "plan_version": self.version,
+                            "lr": lr_at(self.args.optim, self.args.schedule, step, self.args.steps),
                             "step_time_s": elapsed,
                             "samples_per_s": self.spec.global_batch / elapsed,
                             "wall_start": wall_start,
                             "wall_end": time.time(),
                         }
+                        | ({"grad_norm": grad_norm} if grad_norm is not None else {})
                     )
                     + "\n"
                 )
@@ -170,13 +181,32 @@ class Worker:
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)
         stats.sync_s = time.perf_counter() - t0
-        self._update(step + 1)
         return stats
 
+    def _clip(self) -> float:
+        """Scale every gradient so the whole model's gradient norm is at most clip_norm;
+        the norm before clipping. Each element is counted once (layout.norm_parts)."""
+        role = self.roles.get(self.rank)
+        grads = [
+            p.grad
+            for part in self.norm_parts
+            for name, p in self.parts[part].named_parameters()
+            if role.tp_rank == 0 or split_dim(part, name) is not None
+        ]
+        sq = local_sq_norm(grads, self.torch_device)
+        dist.all_reduce(sq)
+        factor = clip_factor(sq.item(), self.args.optim.clip_norm)
+        if factor < 1.0 and role is not None:
+            for module in self.parts.values():
+                for p in module.parameters():
+                    p.grad.mul_(factor)
+        return sq.item() ** 0.5
+
     def _update(self, step: int) -> None:
+        lr = lr_at(self.args.optim, self.args.schedule, step, self.args.steps)
         for part, module in self.parts.items():
             for name, p in module.named_parameters():
-                self.args.optim.update(p.data, p.grad, self.state[part][name], step)
+                self.args.optim.update(p.data, p.grad, self.state[part][name], step + 1, lr)
                 p.grad = None
 
     # -- plan switches -----------------------------------------------------------
@@ -186,6 +216,7 @@ class Worker:
         started = time.perf_counter()
         new_plan = self.received[version]
         self.roles = layout.roles(new_plan, self.ranks)
+        self.norm_parts = layout.norm_parts(new_plan, self.ranks, self.rank)
         role = self.roles.get(self.rank)
         migrated = migrate(
             self.plan,

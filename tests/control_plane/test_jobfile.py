@@ -4,6 +4,7 @@ the model inline, bounded and alias-free."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -59,3 +60,43 @@ def test_out_dir_from_the_network_stays_relative(out_dir):
 @pytest.mark.parametrize("out_dir, kept", [("", ""), ("runs/a", "runs/a"), (".", "."), ("runs//a/", "runs/a")])
 def test_good_out_dirs(out_dir, kept):
     assert check_out_dir(out_dir) == kept
+
+
+def test_a_job_file_carries_the_optimizer_and_schedule_to_the_workers():
+    from drover.agent.supervisor import worker_job
+    from drover.planner.training import Optimizer, Schedule
+
+    text = json.dumps(
+        {
+            "model": MODEL,
+            "steps": 8,
+            "optimizer": {"lr": 0.01, "betas": [0.8, 0.99], "clip_norm": 1.5},
+            "schedule": {"warmup_steps": 2, "decay": "cosine", "min_lr": 0.001},
+        }
+    )
+    job = job_from_wire(text)
+    assert job.optimizer == Optimizer(lr=0.01, beta1=0.8, beta2=0.99, clip_norm=1.5)
+    assert job.schedule == Schedule(2, "cosine", 0.001)
+    assert job_from_wire(json.dumps(job.wire_dict())) == job  # what a restarted control plane reads back
+    spec, optimizer, schedule = worker_job(json.loads(job.workers_json()))  # StartJob.model_yaml
+    assert (replace(spec, name=job.model.name), optimizer, schedule) == (job.model, job.optimizer, job.schedule)
+    # A job without them, and the model alone (an older control plane's StartJob): the defaults
+    plain = job_from_wire(json.dumps({"model": MODEL, "steps": 8}))
+    assert (plain.optimizer, plain.schedule) == (Optimizer(), Schedule())
+    spec, optimizer, schedule = worker_job(MODEL)
+    assert (replace(spec, name=plain.model.name), optimizer, schedule) == (plain.model, Optimizer(), Schedule())
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"optimizer": {"lr": -1}}, "optimizer.lr"),
+        ({"optimizer": {"betas": [0.9, 2]}}, "optimizer.betas"),
+        ({"schedule": {"decay": "step"}}, "schedule.decay"),
+        ({"schedule": {"warmup_steps": "3"}}, "schedule.warmup_steps"),
+    ],
+)
+def test_a_bad_optimizer_or_schedule_is_refused_naming_the_field(extra, field):
+    with pytest.raises(SpecError) as info:
+        job_from_wire(json.dumps({"model": MODEL, "steps": 8, **extra}))
+    assert info.value.field == field and info.value.source == "job_yaml"
