@@ -390,7 +390,7 @@ class ControlPlane:
         ranks = {d: i for i, d in enumerate(devices)}
         job_id = f"job-{int(time.time() * 1000) % 10**10}{secrets.randbelow(100):02d}"  # unique, and a number
         out = out_dir or f"jobs/{job_id}"  # relative: each agent resolves it inside its data root
-        model_yaml = json.dumps({"model": spec.model_data, "steps": spec.steps, "seed": spec.seed})
+        model_yaml = json.dumps(spec.wire_dict())  # a restarted control plane reads it back
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
         # On this machine a free port is known; elsewhere take one per job from a fixed range.
         port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
@@ -427,7 +427,7 @@ class ControlPlane:
         self._track(job)
         start = agent_pb2.StartJob(
             job_id=job_id,
-            model_yaml=json.dumps(spec.model_data),
+            model_yaml=spec.workers_json(),
             steps=spec.steps,
             seed=spec.seed,
             world_size=len(devices),

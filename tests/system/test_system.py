@@ -26,7 +26,7 @@ TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
     spec = load_job(job_file)
-    train_reference(spec.model, spec.steps, spec.seed, tmp / "reference")
+    train_reference(spec.model, spec.steps, spec.seed, tmp / "reference", spec.optimizer, spec.schedule)
     want, got = torch.load(tmp / "reference" / "model.pt"), torch.load(out / "model.pt")
     assert want.keys() == got.keys()
     for key in want:
@@ -119,7 +119,12 @@ def local_cluster(tmp_path):
 
 def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 60\nseed: 4\n")
+    # Clipping and a schedule on: the workers get them from the control plane, and the result
+    # equals the reference trained with them.
+    job_file.write_text(
+        f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 60\nseed: 4\n"
+        "optimizer: {lr: 0.003, clip_norm: 0.9}\nschedule: {warmup_steps: 5, decay: cosine}\n"
+    )
     c = local_cluster()
     out = tmp_path / "out"  # the agents' data root is tmp_path
     job = c.submit(job_file, "out")
