@@ -272,7 +272,7 @@ def _page(request) -> tuple[int, int]:
     if not 1 <= size <= MAX_PAGE_SIZE:
         raise InvalidArgument(f"page_size = {request.page_size}: 0 (meaning {PAGE_SIZE}) up to {MAX_PAGE_SIZE}")
     token = request.page_token
-    if token and not (token.isdigit() and len(token) <= 12):
+    if token and not (token.isascii() and token.isdigit() and len(token) <= 12):  # not "6²"
         raise InvalidArgument(f"page_token = {token[:40]!r}: a next_page_token this service returned")
     return int(token or 0), size
 
