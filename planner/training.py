@@ -53,7 +53,9 @@ class Schedule:
     min_lr: float = 0.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The mapping parse_schedule reads back (min_lr only where it means something)."""
+        d = asdict(self)
+        return d if self.decay == "cosine" else {k: v for k, v in d.items() if k != "min_lr"}
 
 
 def lr_at(optimizer: Optimizer, schedule: Schedule, step: int, total_steps: int) -> float:

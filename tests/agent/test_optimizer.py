@@ -134,3 +134,14 @@ def test_clipped_scheduled_run_through_switches_equals_reference(model, tmp_path
     train_workers(spec, 4, plans, STEPS, SEED, tmp_path / "run", optim=OPT, schedule=SCHED)
     assert_equal_runs(tmp_path / "run", tmp_path / "ref")
     assert [t["plan_version"] for t in trace(tmp_path / "run")] == [1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("schedule", [{}, {"decay": "cosine", "min_lr": 1e-5, "warmup_steps": 3}])
+def test_settings_survive_the_trip_to_the_workers(schedule):
+    """What the control plane sends is what the workers' parser reads back (the default schedule
+    once failed every job on its way to the agents)."""
+    from drover.planner.training import training_from_dict
+
+    sent = training_from_dict({"optimizer": {"lr": 3e-3, "clip_norm": 1.0}, "schedule": schedule}, "job")
+    wire = {"optimizer": sent[0].to_dict(), "schedule": sent[1].to_dict()}
+    assert training_from_dict(wire, "wire") == sent
