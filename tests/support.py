@@ -4,11 +4,14 @@ plane, and `eventually` for conditions that become true asynchronously."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
+import torch
 
 from drover.control_plane.api import start_server, stop_server
 from drover.control_plane.controller import ControlPlane
@@ -135,6 +138,29 @@ async def serve_plane(tmp: Path, **options):
         await stop_server(served)
 
     return plane, stop
+
+
+# -- runs compared with the single-process reference ---------------------------------
+
+
+def trace(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+
+
+def losses(out: Path) -> list[float]:
+    return [t["loss"] for t in trace(out)]
+
+
+def assert_matches_reference(out: Path, reference: Path) -> None:
+    """Every tensor within 1e-4 relative (in norm: Adam divides by tiny second moments, so
+    single elements near zero amplify reassociation), losses within 1e-5."""
+    want, got = torch.load(reference / "model.pt"), torch.load(out / "model.pt")
+    assert want.keys() == got.keys()
+    for key in want:
+        assert got[key].shape == want[key].shape, key
+        rel = ((got[key] - want[key]).norm() / want[key].norm()).item()
+        assert rel < 1e-4, (key, rel)
+    assert losses(out) == pytest.approx(losses(reference), rel=1e-5)
 
 
 # -- plans over local/0..3 for the tiny model (4 blocks, 8 micro-batches) -----------------

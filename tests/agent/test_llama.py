@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,25 +18,10 @@ from drover.agent.runtime.tensor_parallel import BLOCK_SPLIT_DIM, shard, shard_b
 from drover.agent.runtime.worker import config_of
 from drover.planner.model import load_model
 
-from support import DP2_PP2, MIXED_TP, ROOT, TP2
+from support import DP2_PP2, MIXED_TP, ROOT, TP2, assert_matches_reference, losses
 
 TINY_LLAMA = ROOT / "examples" / "models" / "tiny-llama.yaml"
 STEPS, SEED = 6, 7
-
-
-def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "trace.jsonl").read_text().splitlines()]
-
-
-def assert_matches_reference(out: Path, reference: Path) -> None:
-    """As tests/agent/test_runtime.py: every tensor within 1e-4 relative in norm, losses 1e-5."""
-    want, got = torch.load(reference / "model.pt"), torch.load(out / "model.pt")
-    assert want.keys() == got.keys()
-    for key in want:
-        assert got[key].shape == want[key].shape, key
-        rel = ((got[key] - want[key]).norm() / want[key].norm()).item()
-        assert rel < 1e-4, (key, rel)
-    assert losses(out) == pytest.approx(losses(reference), rel=1e-5)
 
 
 def llama(kv_heads: int, heads: int = 4) -> GPTConfig:

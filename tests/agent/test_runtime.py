@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,19 @@ from drover.agent.runtime.launch import check_plan, train_reference, train_worke
 from drover.planner.errors import PlanError
 from drover.planner.model import load_model
 
-from support import DP2_PP2, MIXED_TP, REJOIN, ROOT, SHRINK, THREE, TP2, UNEVEN, local_plan
+from support import (
+    DP2_PP2,
+    MIXED_TP,
+    REJOIN,
+    ROOT,
+    SHRINK,
+    THREE,
+    TP2,
+    UNEVEN,
+    assert_matches_reference,
+    local_plan,
+    losses,
+)
 
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
 STEPS, SEED = 5, 3
@@ -30,22 +41,6 @@ def reference(spec, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     train_reference(spec, STEPS, SEED, out)
     return out
-
-
-def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "trace.jsonl").read_text().splitlines()]
-
-
-def assert_matches_reference(out: Path, reference: Path) -> None:
-    """Every tensor within 1e-4 relative (in norm: Adam divides by tiny second
-    moments, so single elements near zero amplify reassociation), losses 1e-5."""
-    want, got = torch.load(reference / "model.pt"), torch.load(out / "model.pt")
-    assert want.keys() == got.keys()
-    for key in want:
-        assert got[key].shape == want[key].shape, key
-        rel = ((got[key] - want[key]).norm() / want[key].norm()).item()
-        assert rel < 1e-4, (key, rel)
-    assert losses(out) == pytest.approx(losses(reference), rel=1e-5)
 
 
 @pytest.mark.parametrize(
