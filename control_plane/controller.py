@@ -519,7 +519,7 @@ class ControlPlane:
 
     async def _reconcile(self, job: RunningJob, forced: tuple[str, asyncio.Future] | None) -> None:
         rates = job.detector.rates()
-        observation = Observation(rates, tuple(job.detector.slow_links()), forced=forced[0] if forced else "")
+        observation = Observation(rates, tuple(job.detector.slow_links(rates)), forced=forced[0] if forced else "")
         state = job.state(self.detection_paused)
         actions = coordinator.decide(state, observation, self.settings)
         for action in actions:

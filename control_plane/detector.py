@@ -127,15 +127,15 @@ class Detector:
             rates[device] = max(1.0, round(median, 1)) if device in self._slow else 1.0
         return rates
 
-    def slow_links(self) -> list[str]:
-        """Devices whose point-to-point waits stand out while their compute does not."""
+    def slow_links(self, rates: dict[str, float]) -> list[str]:
+        """Devices whose point-to-point waits stand out while their compute does not (`rates`:
+        this detector's rates(), already computed)."""
         waits = {
             d: statistics.median(w for _, w in v) for d, v in self._steps.items() if len(v) == self.settings.window
         }
         if len(waits) < 2:
             return []
         median = statistics.median(waits.values())
-        rates = self.rates()
         return sorted(
             d
             for d, w in waits.items()

@@ -99,7 +99,7 @@ def load_job(path: str | Path) -> JobSpec:
 def read_job_file(path: str | Path) -> str:
     """A job file as the server takes it: YAML with the model inline (read here)."""
     path = Path(path)
-    job = load_job(path)  # checked here first: a bad file fails where the user can fix it
     data = load_mapping(path, "job")
+    job = _job(dict(data), str(path), path.parent)  # checked here: a bad file fails where the user can fix it
     data["model"] = job.model_data
     return yaml.safe_dump(data, sort_keys=False)
