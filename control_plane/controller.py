@@ -468,9 +468,7 @@ class ControlPlane:
     async def straggle(self, device: str, rate: float, from_step: int) -> str:
         if not (math.isfinite(rate) and rate >= 1.0):
             raise InvalidArgument(f"rate = {rate!r}: a finite number >= 1.0 (1.0 restores the device)")
-        if from_step < 0:
-            raise InvalidArgument(f"from_step = {from_step}: an integer >= 0")
-        row = await self.store.write(lambda s: queries.get_device(s, device))
+        row = await self.store.query(lambda s: queries.get_device(s, device))  # from_step >= 0: check_bounds
         if row.node not in self.outboxes:
             raise FailedPrecondition(f"node {row.node} of {device} is not connected")
         self.outboxes[row.node].put_nowait(
