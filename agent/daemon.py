@@ -147,6 +147,7 @@ class Agent:
                     inside(self.data_root, start.out_dir),
                     self.node,
                     self.work_dir,
+                    self.data_root,
                 )
             except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)

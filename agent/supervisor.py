@@ -11,34 +11,23 @@ from pathlib import Path
 from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.plan import Plan
 from drover.planner.spec_io import Fields
-from drover.planner.training import Optimizer, Schedule, training_from
+from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
+from .runtime.inputs import inside, open_inputs
 from .runtime.launch import worker_context
-from .runtime.optim import AdamW
 from .runtime.worker import WorkerArgs, worker_main
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
-def inside(root: Path, relative: str) -> Path:
-    """`root / relative`, resolved (symlinks followed), refused unless it stays inside `root`:
-    names from the network never reach outside the agent's folders."""
-    root = root.resolve()
-    path = (root / relative).resolve()
-    if Path(relative).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"{relative[:80]!r} leads outside {root}")
-    return path
-
-
-def worker_job(payload: dict) -> tuple[ModelSpec, Optimizer, Schedule]:
-    """StartJob.model_yaml, parsed: {"model", "optimizer", "schedule"} (JobSpec.workers_json),
+def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Training]:
+    """StartJob.model_yaml, parsed: the job with its model inline (JobSpec.workers_json),
     or the model alone (what a control plane before optimizers sends)."""
     if not (isinstance(payload, dict) and isinstance(payload.get("model"), dict)):
-        return model_from_dict(payload, "job model"), Optimizer(), Schedule()
-    f = Fields(payload, "start_job.model_yaml")
-    f.reject_unknown({"model", "optimizer", "schedule"})
-    optimizer, schedule = training_from(f)
-    return model_from_dict(payload["model"], "job model"), optimizer, schedule
+        return model_from_dict(payload, "job model"), Training(steps, seed)
+    f = Fields({"steps": steps, "seed": seed} | payload, "start_job.model_yaml")
+    f.reject_unknown({"model"} | TRAINING_KEYS)
+    return model_from_dict(payload["model"], "job model"), training_from_job(f)
 
 
 class FailedHere:
@@ -89,6 +78,7 @@ class JobWorkers:
         out_dir: Path,
         node: str,
         inbox_root: Path,
+        data_root: Path,
     ):
         self.job_id, self.out_dir, self.node = job_id, out_dir, node
         if not JOB_ID.fullmatch(job_id):
@@ -98,7 +88,8 @@ class JobWorkers:
         (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
-        spec, optimizer, schedule = worker_job(model)
+        spec, training = worker_job(model, steps, seed)
+        open_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         ctx = worker_context()
         if self.hosts_rank0:  # rank 0 rewrites it; an earlier job's must not be read meanwhile
             (self.out_dir / "migrations.jsonl").unlink(missing_ok=True)
@@ -110,14 +101,12 @@ class JobWorkers:
                 world,
                 master,
                 spec,
-                seed,
-                steps,
+                training,
                 [(0, plan)],
                 str(self.out_dir),
-                optim=AdamW.of(optimizer),
+                str(data_root),
                 ranks=ranks,
                 inbox=str(self.inbox),
-                schedule=schedule,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
             proc.start()

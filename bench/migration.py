@@ -28,6 +28,7 @@ from drover.agent.runtime.worker import config_of
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
 from drover.planner.ports import free_port
+from drover.planner.training import Checkpointing, Training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,14 +116,13 @@ def main() -> None:
     blocks, expected_bytes = changed_owner_bytes()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        train_workers(SPEC, 4, [(0, BEFORE), (SWITCH_STEP, AFTER)], STEPS, SEED, tmp / "live")
+        train_workers(SPEC, 4, [(0, BEFORE), (SWITCH_STEP, AFTER)], tmp / "live", Training(STEPS, SEED))
         live = read_jsonl(tmp / "live" / "migrations.jsonl")[0]
         live_trace = read_jsonl(tmp / "live" / "trace.jsonl")
 
-        train_workers(SPEC, 4, [(0, BEFORE)], SWITCH_STEP, SEED, tmp / "stop", checkpoint_dir=tmp / "ckpt")
-        train_workers(
-            SPEC, 4, [(0, AFTER)], STEPS, SEED, tmp / "restart", start_step=SWITCH_STEP, resume_dir=tmp / "ckpt"
-        )
+        saving = Training(SWITCH_STEP, SEED, checkpoint=Checkpointing("ckpt"))
+        train_workers(SPEC, 4, [(0, BEFORE)], tmp / "stop", saving, data_root=tmp)
+        train_workers(SPEC, 4, [(0, AFTER)], tmp / "restart", Training(STEPS, SEED, resume="ckpt"), data_root=tmp)
         stopped = read_jsonl(tmp / "stop" / "trace.jsonl")[-1]
         restarted = read_jsonl(tmp / "restart" / "trace.jsonl")[0]
         # From the end of the last step under the old plan to the start of the first under the new.

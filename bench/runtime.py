@@ -24,6 +24,7 @@ from pathlib import Path
 from drover.agent.runtime.launch import local_cluster, train_workers
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
+from drover.planner.training import Training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,7 @@ WORKERS, SLOW_DEVICE, RATE = 4, "local/1", 3.0
 
 def samples_per_s(plan, slow: bool, steps: int) -> float:
     with tempfile.TemporaryDirectory() as out:
-        train_workers(SPEC, WORKERS, [(0, plan)], steps, 0, out, {SLOW_DEVICE: (RATE, 0)} if slow else None)
+        train_workers(SPEC, WORKERS, [(0, plan)], out, Training(steps), {SLOW_DEVICE: (RATE, 0)} if slow else None)
         trace = [json.loads(line) for line in (Path(out) / "trace.jsonl").read_text().splitlines()]
     return statistics.median(t["samples_per_s"] for t in trace[1:])
 

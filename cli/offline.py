@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
@@ -12,8 +13,8 @@ from drover.planner.plan import load_plan
 from drover.planner.search import STRATEGIES, make_plan
 from drover.planner.simulate import load_events
 from drover.planner.simulate import simulate as simulate_run
-from drover.planner.spec_io import load_mapping
-from drover.planner.training import Optimizer, Schedule, training_from_dict
+from drover.planner.spec_io import Fields
+from drover.planner.training import Training, relative_path
 
 from .options import parse_slowdowns
 from .render import render_plan, render_simulation
@@ -85,7 +86,12 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
 
 
 @click.command()
-@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
+@click.option(
+    "--job", "job_file", metavar="FILE", help="Job file: model, steps, seed, optimizer, data, init, checkpoint..."
+)
+@click.option("--model", "model_file", metavar="FILE", help="Model file, for a plain job without --job.")
+@click.option("--steps", type=click.IntRange(min=1), help="Training steps (with --model; overrides the job's).")
+@click.option("--seed", type=click.IntRange(min=0), help="Seeds the model and the data (with --model: default 0).")
 @click.option("--reference", is_flag=True, help="One process, no parallelism: what every plan must match.")
 @click.option("--workers", type=click.IntRange(min=1), help="Local worker processes, devices local/0..N-1.")
 @click.option("--plan", "plan_file", metavar="FILE", help="The plan to start with (plan JSON of the spec).")
@@ -104,35 +110,46 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
     metavar="DEVICE=RATE@STEP",
     help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.",
 )
+@click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (under any plan).")
 @click.option(
-    "--optimizer",
-    "optimizer_file",
-    metavar="FILE",
-    help="YAML/JSON with `optimizer` and/or `schedule`, as in a job file (default: AdamW, constant lr).",
+    "--data-root",
+    default=".",
+    show_default=True,
+    metavar="DIR",
+    help="The job's data, init, checkpoint and resume paths are relative to it.",
 )
-@click.option("--steps", type=click.IntRange(min=1), required=True, help="Training steps.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the model and the data.")
 @click.option(
     "--out",
     "out_dir",
     required=True,
     metavar="DIR",
-    help="Writes trace.jsonl, migrations.jsonl, model.pt (and telemetry/).",
+    help="Writes trace.jsonl, migrations.jsonl, eval.jsonl, model.pt (and telemetry/).",
 )
-def train(model_file, reference, workers, plan_file, switches, slow, optimizer_file, steps, seed, out_dir) -> None:
-    """Train the model, on local workers following plans or as the single-process reference."""
+def train(
+    job_file, model_file, steps, seed, reference, workers, plan_file, switches, slow, resume, data_root, out_dir
+) -> None:
+    """Train a job on local workers following plans, or as the single-process reference."""
     from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
+    from drover.control_plane.jobfile import load_job
 
-    spec = load_model(model_file)
-    optim, schedule = Optimizer(), Schedule()
-    if optimizer_file:
-        optim, schedule = training_from_dict(load_mapping(optimizer_file, "optimizer"), optimizer_file)
+    if bool(job_file) == bool(model_file):
+        raise click.UsageError("give one of --job FILE or --model FILE")
+    if job_file:
+        job = load_job(job_file)
+        spec, training = job.model, job.training
+        training = replace(training, steps=steps or training.steps, seed=training.seed if seed is None else seed)
+    else:
+        if not steps:
+            raise click.UsageError("--steps is required with --model")
+        spec, training = load_model(model_file), Training(steps, seed or 0)
+    if resume:
+        training = replace(training, resume=relative_path(Fields({"resume": resume}, "--resume"), "resume"))
     if reference:
-        if workers or plan_file or switches or slow:
-            raise click.UsageError("--reference takes only --model, --optimizer, --steps, --seed and --out")
-        train_reference(spec, steps, seed, out_dir, optim, schedule)
+        if workers or plan_file or switches or slow or resume:
+            raise click.UsageError("--reference takes only --job or --model, --steps, --seed, --data-root and --out")
+        train_reference(spec, training, out_dir, data_root)
         return
     if not workers or not plan_file:
         raise click.UsageError("--workers and --plan are required without --reference")
     plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
-    train_workers(spec, workers, plans, steps, seed, out_dir, slow, optim, schedule=schedule)
+    train_workers(spec, workers, plans, out_dir, training, slow, data_root)

@@ -1,6 +1,6 @@
-"""Job files: the model (inline, or a path relative to the job file), steps,
-seed, and optionally the optimizer and the learning-rate schedule
-(drover.planner.training, which imports no torch).
+"""Job files: the model (inline, or a path relative to the job file), and how
+it trains (steps, seed, optimizer, schedule, data, init, checkpoint, eval,
+precision: drover.planner.training, which imports no torch).
 
 Over the network a job is its file's text with the model inline: the CLI
 reads the files where the user runs it (`read_job_file`) and the server
@@ -11,7 +11,7 @@ aliases, so a few hundred bytes cannot expand into gigabytes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -19,7 +19,7 @@ import yaml
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.spec_io import Fields, load_mapping
-from drover.planner.training import Optimizer, Schedule, training_from
+from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
 MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
 
@@ -28,26 +28,23 @@ MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
 class JobSpec:
     model: ModelSpec
     model_data: dict
-    steps: int
-    seed: int
-    optimizer: Optimizer = field(default_factory=Optimizer)
-    schedule: Schedule = field(default_factory=Schedule)
+    training: Training
+
+    @property
+    def steps(self) -> int:
+        return self.training.steps
+
+    @property
+    def seed(self) -> int:
+        return self.training.seed
 
     def wire_dict(self) -> dict:
         """The job as job_from_wire reads it back: the model inline, everything else as given."""
-        return {
-            "model": self.model_data,
-            "steps": self.steps,
-            "seed": self.seed,
-            "optimizer": self.optimizer.to_dict(),
-            "schedule": self.schedule.to_dict(),
-        }
+        return {"model": self.model_data} | self.training.to_dict()
 
     def workers_json(self) -> str:
         """What StartJob.model_yaml carries to the agents (agent/supervisor.py's worker_job reads it)."""
-        return json.dumps(
-            {"model": self.model_data, "optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict()}
-        )
+        return json.dumps(self.wire_dict())
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -73,7 +70,7 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
 
 def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     f = Fields(data, source)
-    f.reject_unknown({"name", "model", "steps", "seed", "optimizer", "schedule"})
+    f.reject_unknown({"name", "model"} | TRAINING_KEYS)
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
@@ -86,8 +83,7 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
         raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
-    optimizer, schedule = training_from(f)
-    return JobSpec(model, model_data, f.integer("steps"), f.integer("seed", 0, minimum=0), optimizer, schedule)
+    return JobSpec(model, model_data, training_from_job(f))
 
 
 def load_job(path: str | Path) -> JobSpec:

@@ -26,6 +26,9 @@ class ModelSpec:
     mfu: float = 0.5
     family: str = "gpt"
     kv_heads: int = 0  # key/value heads; 0 means heads (multi-head attention)
+    # Numerics the cost model does not see, only the runtime (and Hugging Face configs).
+    rope_theta: float = 10_000.0  # llama: base of the rotary frequencies
+    norm_eps: float = 1e-5  # epsilon of LayerNorm (gpt) or RMSNorm (llama)
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -85,6 +88,8 @@ _KEYS = {
     "global_batch",
     "micro_batch",
     "mfu",
+    "rope_theta",
+    "norm_eps",
 }
 FAMILIES = ("gpt", "llama")
 # Far past any model trained today, and small enough that planning stays bounded: a model
@@ -143,6 +148,8 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         mfu=f.number("mfu", 0.5, maximum=1.0),
         family=family,
         kv_heads=kv_heads,
+        rope_theta=f.number("rope_theta", 10_000.0, maximum=1e9),
+        norm_eps=f.number("norm_eps", 1e-5, maximum=0.1),
     )
 
 

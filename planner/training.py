@@ -1,12 +1,24 @@
-"""The optimizer's settings and the learning-rate schedule of a job: parsed
-from a job file (or `drover train --optimizer FILE`) and checked here, in
-the layer both processes import (the control plane checks a job, the agent
-reads what StartJob carries; agent/runtime/optim.py applies it), with no torch.
+"""How a job trains, besides the model and the plans: steps and seed, the
+optimizer and learning-rate schedule, the data, the starting weights,
+checkpoints, evaluation and precision. Parsed from a job file and checked
+here, in the layer both processes import (the control plane checks a job,
+the agent reads what StartJob carries; agent/runtime applies it), with no torch.
 
-    optimizer: {lr, betas: [b1, b2], eps, weight_decay, clip_norm}
-    schedule:  {warmup_steps, decay: constant | cosine, min_lr}
+    steps, seed
+    optimizer:  {lr, betas: [b1, b2], eps, weight_decay, clip_norm}
+    schedule:   {warmup_steps, decay: constant | cosine, min_lr}
+    data:       synthetic | DIR          (token shards: drover data prepare)
+    init:       DIR                      (a Hugging Face Llama directory)
+    checkpoint: {dir, every_steps, keep}
+    eval:       {every_steps, samples}   (validation loss on the shards' val split)
+    precision:  fp32 | bf16              (bf16: CUDA compute, fp32 master weights)
 
-Every field is optional. clip_norm (default none: no clipping) bounds the
+Paths (data, init, checkpoint.dir, a resume directory) are relative to the
+data root of whoever runs the workers: an agent's --data-root, or the
+directory `drover train` runs in. They never leave it (no absolute paths, no
+`..`), so a job from the network names no host path.
+
+Every field but steps is optional. clip_norm (default none: no clipping) bounds the
 global gradient norm over every parameter element of the model, counted
 once whatever the plan. The learning rate at a step is a pure function of
 (optimizer, schedule, step, the job's steps): `lr_at`.
@@ -16,7 +28,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
 
 from drover.planner.spec_io import Fields
 
@@ -125,3 +138,102 @@ def training_from_dict(data, source: str) -> tuple[Optimizer, Schedule]:
     f = Fields(data, source)
     f.reject_unknown({"optimizer", "schedule"})
     return training_from(f)
+
+
+SYNTHETIC = "synthetic"
+PRECISIONS = ("fp32", "bf16")
+MAX_PATH = 1024
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    dir: str
+    every_steps: int = 0  # 0: only after the last step
+    keep: int = 2  # the newest K complete checkpoints stay
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    every_steps: int
+    samples: int = 64  # the first N windows of the validation split, the same each time
+
+
+@dataclass(frozen=True)
+class Training:
+    steps: int
+    seed: int = 0
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    schedule: Schedule = field(default_factory=Schedule)
+    data: str = SYNTHETIC
+    init: str | None = None
+    checkpoint: Checkpointing | None = None
+    eval: Evaluation | None = None
+    precision: str = "fp32"
+    resume: str | None = None  # a checkpoint directory (or a directory of them: the newest)
+
+    def to_dict(self) -> dict:
+        """The job-file mapping `training_from_job` reads back."""
+        d = {"steps": self.steps, "seed": self.seed, "optimizer": self.optimizer.to_dict()}
+        d["schedule"] = self.schedule.to_dict()
+        d["data"] = self.data
+        if self.init:
+            d["init"] = self.init
+        if self.checkpoint:
+            d["checkpoint"] = asdict(self.checkpoint)
+        if self.eval:
+            d["eval"] = asdict(self.eval)
+        d["precision"] = self.precision
+        if self.resume:
+            d["resume"] = self.resume
+        return d
+
+
+TRAINING_KEYS = {"steps", "seed", "optimizer", "schedule", "data", "init", "checkpoint", "eval", "precision", "resume"}
+
+
+def relative_path(f: Fields, key: str, value=None) -> str:
+    """A path inside the data root: relative, without `..`, of bounded length."""
+    value = f.get(key) if value is None else value
+    allowed = f"a relative path inside the data root (no leading '/', no '..', at most {MAX_PATH} characters)"
+    if not isinstance(value, str) or not value or len(value) > MAX_PATH or "\0" in value:
+        raise f.error(key, value, allowed)
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise f.error(key, value, allowed)
+    return value
+
+
+def training_from_job(f: Fields) -> Training:
+    """The training keys of a job file (the caller rejects keys it does not know)."""
+    optimizer, schedule = training_from(f)
+    data = f.get("data", SYNTHETIC)
+    if data != SYNTHETIC:
+        data = relative_path(f, "data")
+    checkpoint = evaluation = None
+    if "checkpoint" in f.data:
+        c = f.mapping("checkpoint")
+        c.reject_unknown({"dir", "every_steps", "keep"})
+        checkpoint = Checkpointing(
+            relative_path(c, "dir"), c.integer("every_steps", 0, minimum=0), c.integer("keep", 2, maximum=1000)
+        )
+    if "eval" in f.data:
+        e = f.mapping("eval")
+        e.reject_unknown({"every_steps", "samples"})
+        if data == SYNTHETIC:
+            raise f.error("eval", e.data, "only with data: DIR (token shards with a validation split)")
+        evaluation = Evaluation(e.integer("every_steps"), e.integer("samples", 64, maximum=1 << 20))
+    precision = f.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise f.error("precision", precision, f"one of {', '.join(PRECISIONS)}")
+    return Training(
+        steps=f.integer("steps", maximum=1 << 40),
+        seed=f.integer("seed", 0, minimum=0, maximum=(1 << 63) - 1),
+        optimizer=optimizer,
+        schedule=schedule,
+        data=data,
+        init=relative_path(f, "init") if "init" in f.data else None,
+        checkpoint=checkpoint,
+        eval=evaluation,
+        precision=precision,
+        resume=relative_path(f, "resume") if "resume" in f.data else None,
+    )

@@ -1,10 +1,20 @@
-"""The model on disk: per-shard checkpoints and the final gathered model.
+"""The model on disk: sharded checkpoints that resume under any plan, and the
+final gathered model.
 
-Checkpoint and restart is the baseline that live switching replaces
-(bench/migration.py): after the last step every part shard is written once,
-as `PART-T-R.pt` (parameters and AdamW moments, on the CPU), by the lowest
-rank holding it; new workers, possibly on a plan with other TP sizes, load
-their shards from there, re-slicing when the size they need was not saved.
+Checkpoints are `torch.distributed.checkpoint` (DCP) directories. Each part
+is written by one of the groups holding it (the smallest TP size, then the
+lowest rank), every member its own shard: a tensor split by tensor
+parallelism is saved as a DTensor over that group, so the checkpoint records
+where each slice belongs, and a resume under another plan reads exactly the
+slices its new shards need, whatever the TP sizes. AdamW's moments are saved
+beside their parameters. `drover.json` holds the step, the model and the job.
+
+A checkpoint is complete or invisible: the workers write into
+`.step-K.partial/`, and only after DCP's metadata is written does rank 0
+write `drover.json` and rename the directory to `step-K` (an atomic rename
+on one file system). A save killed midway leaves a `.partial` directory that
+resume never reads and the next save removes. The newest `keep` complete
+checkpoints stay.
 
 The final model (model.pt) is the whole model in one state dict with the
 single-process model's names, gathered to rank 0 from the shards of the
@@ -14,72 +24,159 @@ with the reference.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
+from drover.planner.errors import SpecError
+from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 
 from . import layout
-from .model import GPTConfig, part_prefix
-from .parts import assemble
-from .tensor_parallel import unshard
+from .model import part_prefix
+from .optim import STATE_KEYS
+from .tensor_parallel import split_dim, unshard
+
+STEP_DIR = re.compile(r"step-(\d{8,})")
+META = "drover.json"
+ARCHITECTURE = ("family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")
+
+
+def savers(plan: Plan, ranks: dict[str, int]) -> dict[layout.Part, tuple[int, ...]]:
+    """part -> the TP group that writes it: the smallest TP size, then the lowest rank."""
+    out: dict[layout.Part, tuple[int, ...]] = {}
+    for role in layout.roles(plan, ranks).values():
+        for part in role.parts:
+            if part not in out or (len(role.group), min(role.group)) < (len(out[part]), min(out[part])):
+                out[part] = role.group
+    return out
+
+
+def _entries(parts: dict, state: dict, role: layout.Role | None, tp_pg, device: torch.device, only=None) -> dict:
+    """This worker's tensors under their checkpoint keys, split ones as DTensors over its TP
+    group; `only` limits the parts. The tensors are the live ones: a load writes into them."""
+    out = {}
+    if role is None:
+        return out
+    t = len(role.group)
+    mesh = DeviceMesh.from_group(tp_pg, device.type) if t > 1 else None
+    for part, module in parts.items():
+        if only is not None and part not in only:
+            continue
+        for name, p in module.named_parameters():
+            key = part_prefix(part) + name
+            tensors = {key: p.data} | {f"optim.{key}.{k}": state[part][name][k] for k in STATE_KEYS}
+            dim = split_dim(part, name)
+            for k, tensor in tensors.items():
+                if dim is not None and t > 1:
+                    shape = list(tensor.shape)
+                    shape[dim] *= t
+                    full = torch.Size(shape)
+                    stride = torch.empty(full, device="meta").stride()
+                    tensor = DTensor.from_local(tensor, mesh, [Shard(dim)], run_check=False, shape=full, stride=stride)
+                out[k] = tensor
+    return out
 
 
 def save_checkpoint(
-    directory: Path,
-    rank: int,
-    plan: Plan,
-    ranks: dict[str, int],
-    layers: int,
-    parts: dict[layout.Part, torch.nn.Module],
-    state: dict,
-) -> None:
-    """One file per part shard, written by the lowest rank holding it; every worker calls this."""
+    root: Path, step: int, keep: int, rank: int, plan: Plan, ranks: dict[str, int], parts, state, tp_pg, meta, device
+) -> Path:
+    """Checkpoint `step` (steps done) under root; every worker calls this."""
+    final, partial = root / f"step-{step:08d}", root / f".step-{step:08d}.partial"
     if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        for old in directory.glob("*.pt"):  # a reused directory must not mix runs
-            old.unlink()
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step-*.partial"):  # a save that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
     dist.barrier()
-    held = layout.holdings(plan, ranks, layers)
-    for part, module in parts.items():
-        shard_key = held[part][rank]
-        if min(holder for holder, key in held[part].items() if key == shard_key) == rank:
-            params = {n: p.data.cpu() for n, p in module.named_parameters()}
-            moments = {n: {k: v.cpu() for k, v in by_key.items()} for n, by_key in state[part].items()}
-            torch.save({"params": params, "state": moments}, directory / _checkpoint_name(part, *shard_key))
+    roles = layout.roles(plan, ranks)
+    role = roles.get(rank)
+    mine = {part for part, group in savers(plan, ranks).items() if rank in group}
+    dcp.save(_entries(parts, state, role, tp_pg, device, only=mine), checkpoint_id=str(partial))
+    if rank == 0:
+        meta_path = partial / META
+        with open(meta_path, "w") as f:
+            json.dump(meta | {"step": step}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, final)
+        _fsync_dir(root)
+        complete = sorted(complete_checkpoints(root))
+        for old in complete[:-keep] if keep else []:
+            shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+    return final
 
 
-def load_part(
-    cfg: GPTConfig, directory: Path, part, t: int, r: int, device: torch.device
-) -> tuple[torch.nn.Module, dict]:
-    """Shard (t, r) of a part from a checkpoint, re-slicing if it was saved at another TP size."""
-
-    def load(size: int, i: int) -> tuple[dict, dict]:
-        saved = torch.load(directory / _checkpoint_name(part, size, i), map_location=device)
-        return saved["params"], saved["state"]
-
-    if (directory / _checkpoint_name(part, t, r)).exists():
-        return assemble(cfg, part, t, r, {(t, r): load(t, r)}, device)
-    sizes = [int(f.name.split("-")[-2]) for f in directory.glob(f"{part}-*-*.pt")]
-    if not sizes:
-        raise FileNotFoundError(f"checkpoint {directory} holds no shard of part {part!r}")
-    saved_t = min(sizes)
-    return assemble(cfg, part, t, r, {(saved_t, i): load(saved_t, i) for i in range(saved_t)}, device)
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def _checkpoint_name(part, t: int, r: int) -> str:
-    return f"{part}-{t}-{r}.pt"
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first (partial ones are never listed)."""
+    found = [p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and (p / META).exists()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
 
 
-def save_model(
-    path: Path, rank: int, world: int, role: layout.Role | None, parts: dict[layout.Part, torch.nn.Module], layers: int
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint directory itself, or the newest complete one under a directory of them."""
+    if (path / META).exists():
+        return path
+    found = complete_checkpoints(path)
+    if not found:
+        raise SpecError(str(path), "resume", str(path), "a checkpoint directory, or one holding step-K checkpoints")
+    return found[-1]
+
+
+def read_meta(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / META).read_text())
+
+
+def check_resumable(checkpoint: Path, spec: ModelSpec, steps: int) -> int:
+    """The step a checkpoint resumes at; refuses one of another model or past the job's end."""
+    meta = read_meta(checkpoint)
+    saved = meta.get("model", {})
+    for key in ARCHITECTURE:
+        if saved.get(key) != getattr(spec, key):
+            raise SpecError(
+                str(checkpoint / META), f"model.{key}", saved.get(key), f"{getattr(spec, key)!r}, as the job's model"
+            )
+    step = int(meta["step"])
+    if step > steps:
+        raise SpecError(str(checkpoint / META), "step", step, f"at most the job's steps ({steps})")
+    return step
+
+
+def load_checkpoint(
+    checkpoint: Path, rank: int, plan: Plan, ranks: dict[str, int], parts, state, tp_pg, device
 ) -> None:
-    """Gather every shard to rank 0 and write the full model there; every worker calls this
-    (a worker with no role in the plan contributes nothing)."""
+    """Fill this worker's parts and moments, in place, from a checkpoint of any layout;
+    every worker calls this."""
+    role = layout.roles(plan, ranks).get(rank)
+    dcp.load(_entries(parts, state, role, tp_pg, device), checkpoint_id=str(checkpoint))
+
+
+def model_meta(spec: ModelSpec) -> dict:
+    return dataclasses.asdict(spec)
+
+
+def save_model(out: Path, rank: int, world: int, role: layout.Role | None, parts, layers: int, spec: ModelSpec) -> None:
+    """Gather every shard to rank 0 and write model.pt (and model.json, its model) there;
+    every worker calls this (a worker with no role in the plan contributes nothing)."""
     mine = (
         {
             part: ((len(role.group), role.tp_rank), {n: p.data.cpu() for n, p in module.named_parameters()})
@@ -96,10 +193,11 @@ def save_model(
     for held in gathered:
         for part, (key, params) in held.items():
             shards[part].setdefault(key, params)
-    state = {}
+    full = {}
     for part in layout.part_order(layers):
         t = min(t for t, _ in shards[part])
         pieces = [shards[part][(t, r)] for r in range(t)]
         for name in pieces[0]:
-            state[part_prefix(part) + name] = unshard([piece[name] for piece in pieces], part, name).clone()
-    torch.save(state, path)
+            full[part_prefix(part) + name] = unshard([piece[name] for piece in pieces], part, name).clone()
+    torch.save(full, out / "model.pt")
+    (out / "model.json").write_text(json.dumps(model_meta(spec)))

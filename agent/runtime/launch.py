@@ -17,10 +17,11 @@ from drover.planner.errors import PlanError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 from drover.planner.ports import free_port
-from drover.planner.training import Optimizer, Schedule, lr_at
+from drover.planner.training import Training, lr_at
 
-from . import data
-from .model import GPT, loss_sum
+from .checkpoint import model_meta
+from .inputs import open_inputs
+from .model import EMBED, GPT, HEAD, loss_sum
 from .optim import AdamW, clip_factor, local_sq_norm
 from .worker import WorkerArgs, config_of, worker_main
 
@@ -42,23 +43,17 @@ def train_workers(
     spec: ModelSpec,
     workers: int,
     plans: list[tuple[int, Plan]],
-    steps: int,
-    seed: int,
     out_dir: str | Path,
+    training: Training,
     slow: dict[str, tuple[float, int]] | None = None,
-    optim: Optimizer = AdamW(),
-    start_step: int = 0,
-    checkpoint_dir: str | Path | None = None,
-    resume_dir: str | Path | None = None,
-    schedule: Schedule = Schedule(),
+    data_root: str | Path = ".",
 ) -> None:
-    """Train with `workers` processes; plans[0] starts at `start_step`, the others arrive at their steps.
-
-    checkpoint_dir / resume_dir save every shard after the last step and load
-    the first plan's shards before the first: checkpoint-and-restart, the
-    baseline that live switching replaces (bench/migration.py)."""
+    """Train with `workers` processes; plans[0] starts at the first step (0, or the resumed
+    checkpoint's), the others arrive at their steps. The job's inputs are opened here first,
+    so a bad one fails before any worker starts."""
     for _, plan in plans:
         check_plan(plan, spec, workers)
+    open_inputs(spec, training, data_root)
     out = Path(out_dir)
     (out / "telemetry").mkdir(parents=True, exist_ok=True)
     slow = slow or {}
@@ -74,16 +69,11 @@ def train_workers(
             workers,
             init,
             spec,
-            seed,
-            steps,
+            training,
             plans,
             str(out),
+            str(data_root),
             slow.get(f"{LOCAL_NODE}/{rank}"),
-            AdamW.of(optim),
-            start_step,
-            str(checkpoint_dir) if checkpoint_dir else None,
-            str(resume_dir) if resume_dir else None,
-            schedule=schedule,
         )
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
@@ -121,26 +111,27 @@ def wait_all(procs) -> None:
                 raise RuntimeError(f"worker {proc.name} failed (exit code {proc.exitcode}); stopped the others")
 
 
-def train_reference(
-    spec: ModelSpec,
-    steps: int,
-    seed: int,
-    out_dir: str | Path,
-    optim: Optimizer = AdamW(),
-    schedule: Schedule = Schedule(),
-) -> None:
+def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, data_root: str | Path = ".") -> None:
     """One process, the whole batch at once: what every parallel run must equal
-    (the same clipping by the global norm and the same schedule)."""
-    optim = AdamW.of(optim)
+    (the same data, starting weights, clipping by the global norm and schedule)."""
+    optim, steps = AdamW.of(training.optimizer), training.steps
+    inputs = open_inputs(spec, training, data_root)
+    if inputs.resume:
+        raise PlanError("resume", "the reference trains from the start; resume runs on workers")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = GPT(config_of(spec), seed)
+    cfg = config_of(spec)
+    model = GPT(cfg, training.seed)
+    if inputs.init:
+        for part in [EMBED, *range(spec.layers), HEAD]:
+            target = model.embed if part == EMBED else model.head if part == HEAD else model.blocks[part]
+            target.load_state_dict(inputs.init.part(part))
     state = {n: AdamW.new_state(p) for n, p in model.named_parameters()}
     with open(out / "trace.jsonl", "w") as trace:
         for step in range(steps):
             started = time.perf_counter()
-            inputs, targets = data.batch(seed, step, 0, spec.global_batch, spec.seq_len, spec.vocab)
-            loss = loss_sum(model(inputs), targets) / spec.global_batch
+            inputs_, targets = inputs.train.batch(step, 0, spec.global_batch)
+            loss = loss_sum(model(inputs_), targets) / spec.global_batch
             loss.backward()
             grad_norm = None
             if optim.clip_norm is not None:
@@ -149,7 +140,7 @@ def train_reference(
                 if factor < 1.0:
                     for p in model.parameters():
                         p.grad.mul_(factor)
-            lr = lr_at(optim, schedule, step, steps)
+            lr = lr_at(optim, training.schedule, step, steps)
             for name, p in model.named_parameters():
                 optim.update(p.data, p.grad, state[name], step + 1, lr)
                 p.grad = None
@@ -170,3 +161,4 @@ def train_reference(
             )
     (out / "migrations.jsonl").write_text("")
     torch.save(model.state_dict(), out / "model.pt")
+    (out / "model.json").write_text(json.dumps(model_meta(spec)))

@@ -10,17 +10,17 @@ deadlock. Received buffers are adopted as views, not copied. If the TP size
 changed, the new owner receives one of each old shard and re-slices
 (parts.assemble).
 
-A part nobody holds yet, only under the first plan, comes from the resume
-checkpoint if there is one, else is built from (seed, part) like the
-single-process model.
+A part nobody holds yet, only under the first plan, comes from `origin`:
+built from (seed, part) like the single-process model, read from a Hugging
+Face directory, or left empty for a checkpoint to fill (checkpoint.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,8 +28,7 @@ import torch.distributed as dist
 from drover.planner.plan import Plan
 
 from . import layout
-from .checkpoint import load_part
-from .model import GPTConfig, build_part
+from .model import GPTConfig
 from .optim import AdamW
 from .parts import assemble, empty_part, pack, unpack
 from .tensor_parallel import shard_block
@@ -56,8 +55,7 @@ def migrate(
     cfg: GPTConfig,
     parts: dict,
     state: dict,
-    seed: int,
-    resume_dir: str | None,
+    origin: Callable[[layout.Part], torch.nn.Module],
     device: torch.device,
 ) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
@@ -76,10 +74,8 @@ def migrate(
             module, part_state = parts[part], state[part]
         elif part in received:
             module, part_state = assemble(cfg, part, t, r, received[part], device)
-        elif resume_dir:
-            module, part_state = load_part(cfg, Path(resume_dir), part, t, r, device)
-        else:  # the first plan: build from (seed, part)
-            module = build_part(cfg, part, seed).to(device)
+        else:  # the first plan: the whole part from its origin, then our slice
+            module = origin(part).to(device)
             if isinstance(part, int):
                 shard_block(module, t, r)
             part_state = {name: AdamW.new_state(p) for name, p in module.named_parameters()}

@@ -30,6 +30,8 @@ class GPTConfig:
     vocab: int = 128
     family: str = "gpt"  # gpt | llama
     kv_heads: int = 0  # key/value heads (llama); 0 means heads
+    rope_theta: float = 10_000.0  # llama
+    norm_eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -81,12 +83,12 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.norm1 = nn.LayerNorm(cfg.hidden)
+        self.norm1 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.k = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.v = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.norm2 = nn.LayerNorm(cfg.hidden)
+        self.norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.fc = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
         self.out = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
         # Where a tensor-parallel group enters and leaves a split region.
@@ -106,7 +108,7 @@ class Block(nn.Module):
 class Head(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +121,7 @@ class Head(nn.Module):
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, no bias."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -128,10 +130,7 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-ROPE_THETA = 10_000.0
-
-
-def rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
+def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding of x (batch, heads, seq, head_dim), rotate-half form.
     Computed on the fly: a buffer would not survive building on the meta device."""
     seq, dim = x.shape[-2], x.shape[-1]
@@ -159,12 +158,12 @@ class LlamaBlock(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.attn_norm = RMSNorm(cfg.hidden)
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.k = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
         self.v = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
         self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.mlp_norm = RMSNorm(cfg.hidden)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.gate = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
         self.up = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
         self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
@@ -175,7 +174,7 @@ class LlamaBlock(nn.Module):
         batch, seq, _ = x.shape
         h = self.enter(self.attn_norm(x))
         q, k, v = (lin(h).view(batch, seq, -1, self.cfg.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
-        q, k = rope(q), rope(k)
+        q, k = rope(q, self.cfg.rope_theta), rope(k, self.cfg.rope_theta)
         # Local counts: under tensor parallelism a rank holds heads/t and kv_heads/t.
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -188,7 +187,7 @@ class LlamaBlock(nn.Module):
 class LlamaHead(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.norm = RMSNorm(cfg.hidden)
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

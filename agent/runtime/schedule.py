@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from drover.planner.model import ModelSpec
 
-from . import data, layout
+from . import layout
 from .model import loss_sum
 from .tensor_parallel import WaitClock
 
@@ -62,16 +62,21 @@ def run_stage(
     role: layout.Role,
     parts: dict[layout.Part, torch.nn.Module],
     spec: ModelSpec,
-    seed: int,
+    source,
     step: int,
     device: torch.device,
     tp_clock: WaitClock,
     slow: tuple[float, int] | None,
+    bf16: bool = False,
+    forward_only: bool = False,
 ) -> Stats:
-    """Forward and backward every micro-batch of the stage, leaving gradients in `parts`.
+    """Forward and backward every micro-batch of the stage, leaving gradients in `parts`;
+    `source.batch(step, first_sample, count)` gives the tokens.
 
     `slow` is an emulated straggler (rate, from step); `tp_clock` times the
-    stage's TP all-reduces, so a slow partner's time is not counted as ours."""
+    stage's TP all-reduces, so a slow partner's time is not counted as ours.
+    bf16: compute in bfloat16 under autocast (CUDA), parameters staying fp32.
+    forward_only: evaluation, no gradients and no backward messages."""
     stats = Stats()
     b = spec.micro_batch
     first_mb, end_mb = role.micro_batches
@@ -117,19 +122,21 @@ def run_stage(
 
     def forward(i: int) -> None:
         mb = first_mb + i
-        inputs, targets = (x.to(device) for x in data.batch(seed, step, mb * b, b, spec.seq_len, spec.vocab))
-        x_in = None if role.first else recv(shape, sender(role.prev_group), 2 * mb).requires_grad_()
+        inputs, targets = (x.to(device) for x in source.batch(step, mb * b, b))
+        x_in = None if role.first else recv(shape, sender(role.prev_group), 2 * mb).requires_grad_(not forward_only)
 
         def run():
-            x = parts[layout.EMBED](inputs) if role.first else x_in
-            for block in blocks:
-                x = block(x)
-            if role.last:
-                return loss_sum(parts[layout.HEAD](x), targets) / spec.global_batch
-            return x
+            with torch.autocast(device.type, torch.bfloat16, enabled=bf16), torch.set_grad_enabled(not forward_only):
+                x = parts[layout.EMBED](inputs) if role.first else x_in
+                for block in blocks:
+                    x = block(x)
+                if role.last:
+                    return loss_sum(parts[layout.HEAD](x).float(), targets) / spec.global_batch
+                return x.float()
 
         out = compute(run)
-        saved[i] = (x_in, out)
+        if not forward_only:
+            saved[i] = (x_in, out)
         if role.last:
             stats.loss += out.item() if role.tp_rank == 0 else 0.0
         else:
@@ -143,13 +150,17 @@ def run_stage(
         if not role.first:
             send(x_in.grad, role.prev_group, 2 * mb + 1)
 
-    for i in range(warmup):
-        forward(i)
-    for i in range(m - warmup):
-        forward(warmup + i)
-        backward(i)
-    for i in range(m - warmup, m):
-        backward(i)
+    if forward_only:
+        for i in range(m):
+            forward(i)
+    else:
+        for i in range(warmup):
+            forward(i)
+        for i in range(m - warmup):
+            forward(warmup + i)
+            backward(i)
+        for i in range(m - warmup, m):
+            backward(i)
     for handle, _ in sends:
         handle.wait()
     # Work in block units: the embedding and head count by their FLOP against a block's, so a

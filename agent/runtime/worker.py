@@ -23,7 +23,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,15 +32,16 @@ import torch.distributed as dist
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan, plan_from_dict
-from drover.planner.training import Schedule, lr_at
+from drover.planner.training import Training, lr_at
 
 from . import layout
-from .checkpoint import save_checkpoint, save_model
+from .checkpoint import load_checkpoint, model_meta, save_checkpoint, save_model
 from .grad_sync import sync_gradients
+from .inputs import open_inputs
 from .migration import migrate, summarize
-from .model import FAMILIES, GPTConfig
+from .model import FAMILIES, GPTConfig, build_part
 from .optim import AdamW, clip_factor, local_sq_norm
-from .parts import warm_up
+from .parts import empty_part, warm_up
 from .schedule import Stats, run_stage
 from .tensor_parallel import WaitClock, join_group, split_dim
 
@@ -53,27 +54,31 @@ class WorkerArgs:
     world: int
     init_method: str
     spec: ModelSpec
-    seed: int
-    steps: int
+    training: Training
     plans: list[tuple[int, Plan]]  # (step it arrives, plan); versions are 1, 2, ... in this order
     out_dir: str
+    data_root: str = "."  # the job's paths (data, init, checkpoints, resume) are relative to it
     slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
-    optim: AdamW = field(default_factory=AdamW)
-    start_step: int = 0
-    checkpoint_dir: str | None = None  # save every shard here after the last step
-    resume_dir: str | None = None  # load the first plan's shards from here instead of (seed, part)
     ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
     inbox: str | None = None
-    schedule: Schedule = field(default_factory=Schedule)
 
 
 def config_of(spec: ModelSpec) -> GPTConfig:
     if spec.family not in FAMILIES:
         raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}")
     return GPTConfig(
-        spec.layers, spec.hidden, spec.ffn_hidden, spec.heads, spec.seq_len, spec.vocab, spec.family, spec.kv_heads
+        spec.layers,
+        spec.hidden,
+        spec.ffn_hidden,
+        spec.heads,
+        spec.seq_len,
+        spec.vocab,
+        spec.family,
+        spec.kv_heads,
+        spec.rope_theta,
+        spec.norm_eps,
     )
 
 
@@ -84,6 +89,11 @@ class Worker:
         self.ranks = args.ranks or {f"local/{i}": i for i in range(args.world)}
         self.device_id = next(d for d, r in self.ranks.items() if r == self.rank)  # e.g. node-1/0
         self.torch_device = torch_device
+        self.training, self.optim = args.training, AdamW.of(args.training.optimizer)
+        self.inputs = open_inputs(self.spec, self.training, args.data_root)
+        self.bf16 = self.training.precision == "bf16"
+        if self.bf16 and torch_device.type != "cuda":
+            raise SpecError(self.spec.name, "precision", "bf16", "fp32 on CPU devices (bf16 runs on CUDA)")
         self.tp_clock = WaitClock()  # time in this worker's TP all-reduces
         self.slow = args.slow
         self.received: dict[int, Plan] = {}  # version -> plan
@@ -102,7 +112,9 @@ class Worker:
         out = Path(self.args.out_dir)
         trace = open(out / "trace.jsonl", "w") if self.rank == 0 else None
         migrations = open(out / "migrations.jsonl", "w") if self.rank == 0 else None
-        for step in range(self.args.start_step, self.args.steps):
+        evals = open(out / "eval.jsonl", "a") if self.rank == 0 and self.training.eval else None
+        steps = self.training.steps
+        for step in range(self.inputs.start_step, steps):
             started, wall_start = time.perf_counter(), time.time()
             for version, (arrives, plan) in enumerate(self.args.plans, start=1):
                 if arrives <= step:
@@ -116,7 +128,7 @@ class Worker:
                     migrations.write(json.dumps(record) + "\n")
                     migrations.flush()
             stats = self._train_step(step) if self.rank in self.roles else Stats()
-            grad_norm = self._clip() if self.args.optim.clip_norm is not None else None
+            grad_norm = self._clip() if self.optim.clip_norm is not None else None
             if self.rank in self.roles:
                 self._update(step)
             loss = torch.tensor([stats.loss], device=self.torch_device)
@@ -129,7 +141,7 @@ class Worker:
                             "step": step,
                             "loss": loss.item(),
                             "plan_version": self.version,
-                            "lr": lr_at(self.args.optim, self.args.schedule, step, self.args.steps),
+                            "lr": lr_at(self.optim, self.training.schedule, step, steps),
                             "step_time_s": elapsed,
                             "samples_per_s": self.spec.global_batch / elapsed,
                             "wall_start": wall_start,
@@ -142,19 +154,57 @@ class Worker:
                 trace.flush()
             self.telemetry.write(json.dumps({"device": self.device_id, **stats.to_dict(step, self.version)}) + "\n")
             self.telemetry.flush()
+            done = step + 1
+            evaluation = self.training.eval
+            if evaluation and (done % evaluation.every_steps == 0 or done == steps):
+                self._evaluate(done, evals)
+            checkpoint = self.training.checkpoint
+            if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
+                self._checkpoint(done)
         self.telemetry.close()
-        if self.args.checkpoint_dir:
-            save_checkpoint(
-                Path(self.args.checkpoint_dir),
-                self.rank,
-                self.plan,
-                self.ranks,
-                self.spec.layers,
-                self.parts,
-                self.state,
-            )
-        save_model(
-            out / "model.pt", self.rank, self.args.world, self.roles.get(self.rank), self.parts, self.spec.layers
+        save_model(out, self.rank, self.args.world, self.roles.get(self.rank), self.parts, self.spec.layers, self.spec)
+
+    def _evaluate(self, done: int, out) -> None:
+        """Validation loss after `done` steps: the first eval.samples windows of the val split,
+        in global batches, forward only through the current plan; every worker calls this."""
+        batches = -(-self.training.eval.samples // self.spec.global_batch)
+        total = 0.0
+        for i in range(batches):
+            if self.rank in self.roles:
+                stats = run_stage(
+                    self.roles[self.rank],
+                    self.parts,
+                    self.spec,
+                    self.inputs.val,
+                    i,
+                    self.torch_device,
+                    self.tp_clock,
+                    None,
+                    self.bf16,
+                    forward_only=True,
+                )
+                total += stats.loss
+        loss = torch.tensor([total / batches], device=self.torch_device)
+        dist.all_reduce(loss)
+        if out:
+            out.write(json.dumps({"step": done, "val_loss": loss.item(), "samples": batches * self.spec.global_batch}))
+            out.write("\n")
+            out.flush()
+
+    def _checkpoint(self, done: int) -> None:
+        meta = {"model": model_meta(self.spec), "training": self.training.to_dict(), "plan": self.plan.to_dict()}
+        save_checkpoint(
+            self.inputs.checkpoints,
+            done,
+            self.training.checkpoint.keep,
+            self.rank,
+            self.plan,
+            self.ranks,
+            self.parts,
+            self.state,
+            self.tp_pg,
+            meta,
+            self.torch_device,
         )
 
     def _read_inbox(self, inbox: Path) -> None:
@@ -176,7 +226,7 @@ class Worker:
     def _train_step(self, step: int) -> Stats:
         role = self.roles[self.rank]
         stats = run_stage(
-            role, self.parts, self.spec, self.args.seed, step, self.torch_device, self.tp_clock, self.slow
+            role, self.parts, self.spec, self.inputs.train, step, self.torch_device, self.tp_clock, self.slow, self.bf16
         )
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)
@@ -195,7 +245,7 @@ class Worker:
         ]
         sq = local_sq_norm(grads, self.torch_device)
         dist.all_reduce(sq)
-        factor = clip_factor(sq.item(), self.args.optim.clip_norm)
+        factor = clip_factor(sq.item(), self.optim.clip_norm)
         if factor < 1.0 and role is not None:
             for module in self.parts.values():
                 for p in module.parameters():
@@ -203,10 +253,10 @@ class Worker:
         return sq.item() ** 0.5
 
     def _update(self, step: int) -> None:
-        lr = lr_at(self.args.optim, self.args.schedule, step, self.args.steps)
+        lr = lr_at(self.optim, self.training.schedule, step, self.training.steps)
         for part, module in self.parts.items():
             for name, p in module.named_parameters():
-                self.args.optim.update(p.data, p.grad, self.state[part][name], step + 1, lr)
+                self.optim.update(p.data, p.grad, self.state[part][name], step + 1, lr)
                 p.grad = None
 
     # -- plan switches -----------------------------------------------------------
@@ -227,18 +277,31 @@ class Worker:
             self.cfg,
             self.parts,
             self.state,
-            self.args.seed,
-            self.args.resume_dir,
+            self._origin,
             self.torch_device,
         )
         self.parts, self.state = migrated.parts, migrated.state
         self._build_groups(new_plan)
+        if self.plan is None and self.inputs.resume:
+            resume = self.inputs.resume
+            load_checkpoint(
+                resume, self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device
+            )
         if role and len(role.group) > 1:
             for part, module in self.parts.items():
                 if isinstance(part, int):
                     join_group(module, self.tp_pg, self.tp_clock)
         self.plan, self.version = new_plan, version
         return summarize(step, version, migrated, started, self.torch_device)
+
+    def _origin(self, part: layout.Part) -> torch.nn.Module:
+        """A part under the first plan: empty for a checkpoint to fill, from the Hugging Face
+        weights, or built from (seed, part)."""
+        if self.inputs.resume:
+            return empty_part(self.cfg, part, 1, 0, torch.device("cpu"))
+        if self.inputs.init:
+            return self.inputs.init.module(self.cfg, part)
+        return build_part(self.cfg, part, self.training.seed)
 
     def _build_groups(self, plan: Plan) -> None:
         """Every worker creates every new group, in the same order, as torch.distributed

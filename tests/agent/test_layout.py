@@ -77,5 +77,5 @@ def test_data_is_a_pure_function_of_seed_step_sample():
     a = data.sample_tokens(1, 4, 9, 16, 128)
     assert torch.equal(a, data.sample_tokens(1, 4, 9, 16, 128))
     assert not torch.equal(a, data.sample_tokens(1, 4, 10, 16, 128))
-    inputs, targets = data.batch(1, 4, 8, 3, 16, 128)
+    inputs, targets = data.Synthetic(1, 16, 128).batch(4, 8, 3)
     assert torch.equal(inputs[1], a[:-1]) and torch.equal(targets[1], a[1:])

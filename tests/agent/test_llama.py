@@ -17,6 +17,7 @@ from drover.agent.runtime.parts import assemble, empty_part, pack, unpack
 from drover.agent.runtime.tensor_parallel import BLOCK_SPLIT_DIM, shard, shard_block, unshard
 from drover.agent.runtime.worker import config_of
 from drover.planner.model import load_model
+from drover.planner.training import Training
 
 from support import DP2_PP2, MIXED_TP, ROOT, TP2, assert_matches_reference, losses
 
@@ -99,7 +100,7 @@ def test_rotary_scores_depend_only_on_the_distance():
     from drover.agent.runtime.model import rope
 
     q, k = torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8), torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8)
-    scores = rope(q)[0, 0] @ rope(k)[0, 0].T
+    scores = rope(q, 10_000.0)[0, 0] @ rope(k, 10_000.0)[0, 0].T
     for offset in range(1, 4):
         torch.testing.assert_close(scores.diagonal(offset), scores.diagonal(offset)[:1].expand(6 - offset))
     assert not torch.allclose(scores.diagonal(0)[0], scores.diagonal(2)[0])
@@ -189,9 +190,9 @@ def test_tiny_llama_example_is_a_gqa_llama(spec):
 def test_parallel_llama_with_tp_stages_and_switches_equals_reference(spec, tmp_path):
     """DP2-PP2, then two TP-2 stages (k and v split to one head each), then a TP-2
     stage beside a whole pipeline: the single-process model and losses throughout."""
-    train_reference(spec, STEPS, SEED, tmp_path / "reference")
+    train_reference(spec, Training(STEPS, SEED), tmp_path / "reference")
     plans = [(0, DP2_PP2), (2, TP2), (4, MIXED_TP)]
-    train_workers(spec, 4, plans, STEPS, SEED, tmp_path / "run")
+    train_workers(spec, 4, plans, tmp_path / "run", Training(STEPS, SEED))
     assert_matches_reference(tmp_path / "run", tmp_path / "reference")
     trace = [json.loads(line) for line in (tmp_path / "run" / "trace.jsonl").read_text().splitlines()]
     assert [t["plan_version"] for t in trace] == [1, 1, 2, 2, 3, 3]

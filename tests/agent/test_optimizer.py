@@ -5,6 +5,7 @@ the parser's errors, and clipping by the global gradient norm kept exact
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from drover.agent.runtime.launch import train_reference, train_workers
 from drover.planner.errors import SpecError
 from drover.planner.model import load_model
-from drover.planner.training import Optimizer, Schedule, lr_at, training_from_dict
+from drover.planner.training import Optimizer, Schedule, Training, lr_at, training_from_dict
 
 from support import DP2_PP2, MIXED_TP, ROOT, THREE, assert_matches_reference, trace
 
@@ -111,16 +112,16 @@ def assert_equal_runs(out, reference) -> None:
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 def test_clipped_scheduled_run_through_switches_equals_reference(model, tmp_path):
     spec = load_model(ROOT / "examples" / "models" / f"{model}.yaml")
-    train_reference(spec, STEPS, SEED, tmp_path / "ref", OPT, SCHED)
+    train_reference(spec, Training(STEPS, SEED, OPT, SCHED), tmp_path / "ref")
     norms = [t["grad_norm"] for t in trace(tmp_path / "ref")]
     assert any(n > OPT.clip_norm for n in norms), norms  # clipping happens...
     # ... and matters: without it the run differs
-    train_reference(spec, STEPS, SEED, tmp_path / "unclipped", Optimizer(**{**OPT.__dict__, "clip_norm": None}), SCHED)
+    train_reference(spec, Training(STEPS, SEED, replace(OPT, clip_norm=None), SCHED), tmp_path / "unclipped")
     assert trace(tmp_path / "unclipped")[-1]["loss"] != pytest.approx(trace(tmp_path / "ref")[-1]["loss"], rel=1e-6)
     # DP2_PP2, then MIXED_TP (a TP-2 stage, pipelines of different TP sizes),
     # then THREE (TP-2 in one of three pipelines)
     plans = [(0, DP2_PP2), (2, MIXED_TP), (4, THREE)]
-    train_workers(spec, 4, plans, STEPS, SEED, tmp_path / "run", optim=OPT, schedule=SCHED)
+    train_workers(spec, 4, plans, tmp_path / "run", Training(STEPS, SEED, OPT, SCHED))
     assert_equal_runs(tmp_path / "run", tmp_path / "ref")
     assert [t["plan_version"] for t in trace(tmp_path / "run")] == [1, 1, 2, 2, 3, 3]
 

@@ -12,6 +12,7 @@ import torch
 from drover.agent.runtime.launch import check_plan, train_reference, train_workers
 from drover.planner.errors import PlanError
 from drover.planner.model import load_model
+from drover.planner.training import Checkpointing, Training
 
 from support import (
     DP2_PP2,
@@ -39,7 +40,7 @@ def spec():
 @pytest.fixture(scope="module")
 def reference(spec, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    train_reference(spec, STEPS, SEED, out)
+    train_reference(spec, Training(STEPS, SEED), out)
     return out
 
 
@@ -54,7 +55,7 @@ def reference(spec, tmp_path_factory):
     ],
 )
 def test_parallel_run_equals_reference(name, plans, spec, reference, tmp_path):
-    train_workers(spec, 4, plans, STEPS, SEED, tmp_path)
+    train_workers(spec, 4, plans, tmp_path, Training(STEPS, SEED))
     assert_matches_reference(tmp_path, reference)
     trace = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [t["plan_version"] for t in trace] == [1 + sum(step <= s for step, _ in plans[1:]) for s in range(STEPS)]
@@ -125,20 +126,22 @@ def test_bad_plans_refused_before_workers_start(bad, rule, spec, tmp_path):
         check_plan(bad, spec, 4)
     assert info.value.rule == rule
     with pytest.raises(PlanError):
-        train_workers(spec, 4, [(0, DP2_PP2), (2, bad)], 3, 0, tmp_path)
+        train_workers(spec, 4, [(0, DP2_PP2), (2, bad)], tmp_path, Training(3))
     assert not (tmp_path / "trace.jsonl").exists()
 
 
 def test_reference_loss_falls(spec, tmp_path):
-    train_reference(spec, 40, 0, tmp_path)
+    train_reference(spec, Training(40), tmp_path)
     curve = losses(tmp_path)
     assert sum(curve[-5:]) / 5 < 0.8 * sum(curve[:5]) / 5
 
 
 def test_checkpoint_and_restart_continues_exactly(spec, reference, tmp_path):
     """The baseline of bench/migration.py: save, stop, start new workers on another plan, load."""
-    train_workers(spec, 4, [(0, DP2_PP2)], 2, SEED, tmp_path / "a", checkpoint_dir=tmp_path / "ckpt")
-    train_workers(spec, 4, [(0, MIXED_TP)], STEPS, SEED, tmp_path / "b", start_step=2, resume_dir=tmp_path / "ckpt")
+    saving = Training(2, SEED, checkpoint=Checkpointing("ckpt"))
+    train_workers(spec, 4, [(0, DP2_PP2)], tmp_path / "a", saving, data_root=tmp_path)
+    resuming = Training(STEPS, SEED, resume="ckpt")
+    train_workers(spec, 4, [(0, MIXED_TP)], tmp_path / "b", resuming, data_root=tmp_path)
     want = torch.load(reference / "model.pt")
     got = torch.load(tmp_path / "b" / "model.pt")
     for key in want:

@@ -35,5 +35,5 @@ def test_a_job_id_names_no_folder_outside_the_inbox(tmp_path, job_id):
     from drover.agent.supervisor import JobWorkers
 
     with pytest.raises(ValueError, match="job id"):
-        JobWorkers(job_id, {}, 1, 0, 1, {}, "tcp://127.0.0.1:1", None, tmp_path / "out", "node-0", tmp_path)
+        JobWorkers(job_id, {}, 1, 0, 1, {}, "tcp://127.0.0.1:1", None, tmp_path / "out", "node-0", tmp_path, tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing made anywhere

@@ -270,17 +270,20 @@ def test_server_refuses_a_corrupt_database_in_one_line(tmp_path):
     assert out.returncode == 1 and "restore it from a backup" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_train_takes_the_optimizer_and_schedule_from_a_file(tmp_path):
-    opt = tmp_path / "opt.yaml"
-    opt.write_text("optimizer: {lr: 0.002, clip_norm: 0.5}\nschedule: {warmup_steps: 2, decay: cosine}\n")
+def test_train_takes_the_optimizer_and_schedule_from_a_job_file(tmp_path):
+    opt = tmp_path / "job.yaml"
     tiny = str(ROOT / "examples" / "models" / "tiny.yaml")
-    args = ["train", "--reference", "--model", tiny, "--optimizer", str(opt), "--steps", "4", "--out", str(tmp_path)]
+    opt.write_text(
+        f"model: {tiny}\nsteps: 4\noptimizer: {{lr: 0.002, clip_norm: 0.5}}\n"
+        "schedule: {warmup_steps: 2, decay: cosine}\n"
+    )
+    args = ["train", "--reference", "--job", str(opt), "--out", str(tmp_path)]
     out = run_cli(*args)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in rows] == pytest.approx([0.001, 0.002, 0.002, 0.002 * 0.5 * (1 + math.cos(math.pi / 2))])
     assert all("grad_norm" in r for r in rows)
-    opt.write_text("schedule: {decay: linear}\n")
+    opt.write_text(f"model: {tiny}\nsteps: 4\nschedule: {{decay: linear}}\n")
     out = run_cli(*args)
     assert out.returncode == 2
     assert "'schedule.decay'" in out.stderr and "linear" in out.stderr and "cosine" in out.stderr

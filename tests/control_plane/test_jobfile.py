@@ -75,16 +75,16 @@ def test_a_job_file_carries_the_optimizer_and_schedule_to_the_workers():
         }
     )
     job = job_from_wire(text)
-    assert job.optimizer == Optimizer(lr=0.01, beta1=0.8, beta2=0.99, clip_norm=1.5)
-    assert job.schedule == Schedule(2, "cosine", 0.001)
+    assert job.training.optimizer == Optimizer(lr=0.01, beta1=0.8, beta2=0.99, clip_norm=1.5)
+    assert job.training.schedule == Schedule(2, "cosine", 0.001)
     assert job_from_wire(json.dumps(job.wire_dict())) == job  # what a restarted control plane reads back
-    spec, optimizer, schedule = worker_job(json.loads(job.workers_json()))  # StartJob.model_yaml
-    assert (replace(spec, name=job.model.name), optimizer, schedule) == (job.model, job.optimizer, job.schedule)
+    spec, training = worker_job(json.loads(job.workers_json()), 8, 0)  # StartJob.model_yaml
+    assert (replace(spec, name=job.model.name), training) == (job.model, job.training)
     # A job without them, and the model alone (an older control plane's StartJob): the defaults
     plain = job_from_wire(json.dumps({"model": MODEL, "steps": 8}))
-    assert (plain.optimizer, plain.schedule) == (Optimizer(), Schedule())
-    spec, optimizer, schedule = worker_job(MODEL)
-    assert (replace(spec, name=plain.model.name), optimizer, schedule) == (plain.model, Optimizer(), Schedule())
+    assert (plain.training.optimizer, plain.training.schedule) == (Optimizer(), Schedule())
+    spec, training = worker_job(MODEL, 8, 0)
+    assert (replace(spec, name=plain.model.name), training) == (plain.model, plain.training)
 
 
 @pytest.mark.parametrize(

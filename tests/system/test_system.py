@@ -26,7 +26,7 @@ TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
     spec = load_job(job_file)
-    train_reference(spec.model, spec.steps, spec.seed, tmp / "reference", spec.optimizer, spec.schedule)
+    train_reference(spec.model, spec.training, tmp / "reference")
     want, got = torch.load(tmp / "reference" / "model.pt"), torch.load(out / "model.pt")
     assert want.keys() == got.keys()
     for key in want:

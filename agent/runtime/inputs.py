@@ -1,0 +1,57 @@
+"""What a job reads, opened and checked before any worker trains: the data
+source and its validation split, the Hugging Face weights it starts from,
+the checkpoint it resumes and where its checkpoints go. Every path is taken
+relative to the data root and refused if it leads outside it; the launcher
+(or the agent) opens them once to fail early with a clear error, and each
+worker opens them again for itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from drover.planner.model import ModelSpec
+from drover.planner.training import SYNTHETIC, Training
+
+from .checkpoint import check_resumable, find_checkpoint
+from .data import Shards, Synthetic
+from .hf import HfWeights
+
+
+def inside(root: Path, relative: str) -> Path:
+    """`root / relative`, resolved (symlinks followed), refused unless it stays inside `root`:
+    names from the network never reach outside the agent's folders."""
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if Path(relative).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"{relative[:80]!r} leads outside {root}")
+    return path
+
+
+@dataclass
+class Inputs:
+    train: Synthetic | Shards
+    val: Shards | None
+    init: HfWeights | None
+    resume: Path | None  # a complete checkpoint
+    start_step: int
+    checkpoints: Path | None  # where this job's checkpoints go
+
+
+def open_inputs(spec: ModelSpec, training: Training, data_root: str | Path) -> Inputs:
+    root = Path(data_root)
+    if training.data == SYNTHETIC:
+        train, val = Synthetic(training.seed, spec.seq_len, spec.vocab), None
+    else:
+        shards = inside(root, training.data)
+        train = Shards(shards, "train", spec.seq_len, spec.vocab, training.seed, spec.global_batch)
+        val = None
+        if training.eval:
+            val = Shards(shards, "val", spec.seq_len, spec.vocab, training.seed, spec.global_batch)
+    init = HfWeights(inside(root, training.init), spec) if training.init else None
+    resume, start_step = None, 0
+    if training.resume:
+        resume = find_checkpoint(inside(root, training.resume))
+        start_step = check_resumable(resume, spec, training.steps)
+    checkpoints = inside(root, training.checkpoint.dir) if training.checkpoint else None
+    return Inputs(train, val, init, resume, start_step, checkpoints)
