@@ -23,8 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from drover.agent.runtime.launch import train_workers
-from drover.agent.runtime.model import GPT
-from drover.agent.runtime.worker import config_of
+from drover.agent.runtime.model import GPT, config_of
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
 from drover.planner.ports import free_port

@@ -1,7 +1,7 @@
 """The `drover` command line: thin click commands over library functions.
 
 The group is assembled here from the command modules: offline.py (plan,
-simulate, train), remote.py (commands that talk to a control plane),
+simulate, train), data.py (data prepare, data tokenizer, export), remote.py (commands that talk to a control plane),
 daemons.py (server, agent) and up.py (a local cluster and one job). Errors
 are mapped to exit codes in one place, `main`: bad input (a spec file, a
 plan, a usage mistake) prints one line on stderr and exits 2.
@@ -18,7 +18,7 @@ from drover.control_plane.api import StartError
 from drover.planner.errors import PlanError, SpecError
 from drover.storage.db import StoreError
 
-from . import daemons, offline, remote, up
+from . import daemons, data, offline, remote, up
 from .local_cluster import LocalClusterError
 
 
@@ -31,6 +31,8 @@ for command in (
     offline.plan,
     offline.simulate,
     offline.train,
+    data.data,
+    data.export,
     up.up,
     daemons.server,
     daemons.agent,

@@ -42,11 +42,14 @@ def connect(target: Target) -> jobs_pb2_grpc.JobServiceStub:
     return jobs_pb2_grpc.JobServiceStub(grpc.secure_channel(target.address, credentials))
 
 
-def submit_job(stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str = "") -> jobs_pb2.Job:
+def submit_job(
+    stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str = "", resume: str | None = None
+) -> jobs_pb2.Job:
     """Submit a job file, read here with its model file inlined (a model path inside it is
-    relative to the file's folder). `out_dir` is relative to each agent's data root; empty:
-    the control plane's default. SpecError for a bad or unreadable file."""
-    return stub.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=read_job_file(job_file), out_dir=out_dir))
+    relative to the file's folder). `out_dir` and `resume` are relative to each agent's data
+    root; an empty out_dir: the control plane's default. SpecError for a bad or unreadable file."""
+    request = jobs_pb2.SubmitJobRequest(job_yaml=read_job_file(job_file, resume), out_dir=out_dir)
+    return stub.SubmitJob(request)
 
 
 def all_pages(method, request, field: str):

@@ -29,8 +29,8 @@ class LocalCluster:
     node-N-1 with K CPU devices each, started, and waited for until every agent is connected.
     Everything runs over TLS with credentials made in WORK_DIR/certs (the agents with their
     node certificates, this object's calls with the admin token). Logs go to WORK_DIR/logs,
-    job inboxes to WORK_DIR/agents, and WORK_DIR is the agents' data root, where jobs'
-    outputs go. `stop()` (or leaving a `with` block) sends SIGTERM to all, as docker does,
+    job inboxes to WORK_DIR/agents, and DATA_ROOT (default WORK_DIR) is the agents' data
+    root, where jobs' inputs and outputs lie. `stop()` (or leaving a `with` block) sends SIGTERM to all, as docker does,
     and kills what has not exited 15 s later."""
 
     def __init__(
@@ -40,8 +40,10 @@ class LocalCluster:
         devices_per_node: int = 2,
         telemetry_interval_s: float = 0.5,
         connect_timeout_s: float = 120.0,
+        data_root: Path | None = None,
     ):
         self.work_dir = Path(work_dir)
+        self.data_root = Path(data_root or work_dir).resolve()
         self.logs = self.work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.address = f"127.0.0.1:{free_port()}"  # clients
@@ -75,7 +77,7 @@ class LocalCluster:
                             "--work-dir",
                             str(self.work_dir / "agents"),
                             "--data-root",
-                            str(self.work_dir),
+                            str(self.data_root),
                         ],
                         f"agent-{i}.log",
                         "w",
@@ -98,9 +100,10 @@ class LocalCluster:
     def connected_nodes(self) -> int:
         return sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest(), timeout=2).nodes)
 
-    def submit(self, job_file: Path, out_dir: str = ".") -> jobs_pb2.Job:
-        """Submit a job; its output goes to WORK_DIR/out_dir (the agents' data root is WORK_DIR)."""
-        return submit_job(self.stub, Path(job_file), out_dir)
+    def submit(self, job_file: Path, out_dir: str = ".", resume: str | None = None) -> jobs_pb2.Job:
+        """Submit a job; its output goes to DATA_ROOT/out_dir (the agents' data root: WORK_DIR
+        unless given)."""
+        return submit_job(self.stub, Path(job_file), out_dir, resume)
 
     def job(self, job_id: str) -> jobs_pb2.Job:
         return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))

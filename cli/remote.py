@@ -59,11 +59,16 @@ def job() -> None:
     default="",
     help="Where the job's trace, migrations and model go: relative to each agent's --data-root (default jobs/JOB_ID).",
 )
+@click.option(
+    "--resume",
+    metavar="DIR",
+    help="Continue from the newest checkpoint in DIR (relative to the agents' --data-root), under any plan.",
+)
 @control_plane_option
 @json_option
-def job_submit(job_file: str, out_dir: str, address: str, as_json: bool) -> None:
-    """Submit a job file (model, steps, seed)."""
-    submitted = submit_job(connect(address), Path(job_file), out_dir)
+def job_submit(job_file: str, out_dir: str, resume: str | None, address: str, as_json: bool) -> None:
+    """Submit a job file (model, steps, data, optimizer, checkpoint...; docs/jobs.md)."""
+    submitted = submit_job(connect(address), Path(job_file), out_dir, resume)
     _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
 
 

@@ -44,16 +44,26 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     "out_dir",
     default="out/up",
     show_default=True,
-    help="trace.jsonl, migrations.jsonl, events.jsonl, model.pt and drover.db go here.",
+    help="trace.jsonl, migrations.jsonl, events.jsonl, model.pt and drover.db go here (inside --data-root).",
 )
-def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str) -> None:
+@click.option(
+    "--data-root",
+    metavar="DIR",
+    help="The agents' data root: the job's data, init, checkpoint and resume paths are relative to it "
+    "(default: here, or --out when it lies elsewhere).",
+)
+@click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
+def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str, data_root: str, resume) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
+    root = Path(data_root).resolve() if data_root else Path.cwd() if out.is_relative_to(Path.cwd()) else out
+    if not out.is_relative_to(root):
+        raise click.BadParameter(f"{out} is not inside the data root {root}", param_hint="--out")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "model.pt"):
+    for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
-    with LocalCluster(out, nodes, devices_per_node) as cluster:
-        submitted = cluster.submit(Path(job_file), ".")
+    with LocalCluster(out, nodes, devices_per_node, data_root=root) as cluster:
+        submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume)
         click.echo(
             f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
             f"{devices_per_node} devices; control plane {cluster.address}"

@@ -92,10 +92,13 @@ def load_job(path: str | Path) -> JobSpec:
     return _job(load_mapping(path, "job"), str(path), path.parent)
 
 
-def read_job_file(path: str | Path) -> str:
-    """A job file as the server takes it: YAML with the model inline (read here)."""
+def read_job_file(path: str | Path, resume: str | None = None) -> str:
+    """A job file as the server takes it: YAML with the model inline (read here), and
+    `resume` (a checkpoint directory under the agents' data root) if given."""
     path = Path(path)
     data = load_mapping(path, "job")
+    if resume:
+        data["resume"] = resume
     job = _job(dict(data), str(path), path.parent)  # checked here: a bad file fails where the user can fix it
     data["model"] = job.model_data
     return yaml.safe_dump(data, sort_keys=False)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,3 +253,9 @@ def make_cluster(variant: str = "healthy", **rates):
 
 def make_model(variant: str = "gpt-7b", **overrides):
     return model_from_dict({"name": variant, **MODEL_VARIANTS[variant], **overrides}, variant)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    drover = shutil.which("drover", path=str(ROOT / ".venv" / "bin")) or shutil.which("drover")
+    cmd = [drover] if drover else [sys.executable, "-m", "drover.cli"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,12 +40,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from drover.planner.errors import SpecError
-from drover.planner.model import ModelSpec
+from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.plan import Plan
 
 from . import layout
-from .model import part_prefix
+from .model import config_of, part_prefix
 from .optim import STATE_KEYS
+from .parts import empty_part
 from .tensor_parallel import split_dim, unshard
 
 STEP_DIR = re.compile(r"step-(\d{8,})")
@@ -201,3 +203,21 @@ def save_model(out: Path, rank: int, world: int, role: layout.Role | None, parts
             full[part_prefix(part) + name] = unshard([piece[name] for piece in pieces], part, name).clone()
     torch.save(full, out / "model.pt")
     (out / "model.json").write_text(json.dumps(model_meta(spec)))
+
+
+def gathered_model(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """The whole model, in the single-process names, from a job's output (model.pt and
+    model.json), a checkpoint, or a directory of checkpoints (the newest); no process group."""
+    if (path / "model.pt").exists() and (path / "model.json").exists():
+        meta = json.loads((path / "model.json").read_text())
+        return model_from_dict(meta, str(path / "model.json")), torch.load(path / "model.pt", weights_only=True)
+    checkpoint = find_checkpoint(path)
+    spec = model_from_dict(read_meta(checkpoint)["model"], str(checkpoint / META))
+    cfg, state = config_of(spec), {}
+    for part in layout.part_order(spec.layers):
+        module = empty_part(cfg, part, 1, 0, torch.device("cpu"))
+        state |= {part_prefix(part) + n: p.data for n, p in module.named_parameters()}
+    with warnings.catch_warnings():  # one process, on purpose: no process group to warn about
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    return spec, state

@@ -21,9 +21,9 @@ from drover.planner.training import Training, lr_at
 
 from .checkpoint import model_meta
 from .inputs import open_inputs
-from .model import EMBED, GPT, HEAD, loss_sum
+from .model import EMBED, GPT, HEAD, config_of, loss_sum
 from .optim import AdamW, clip_factor, local_sq_norm
-from .worker import WorkerArgs, config_of, worker_main
+from .worker import WorkerArgs, worker_main
 
 LOCAL_NODE = "local"
 

@@ -19,6 +19,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from drover.planner.errors import SpecError
+from drover.planner.model import ModelSpec
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -200,6 +203,23 @@ FAMILIES: dict[str, tuple[type, type, type]] = {  # family -> (embedding, block,
     "gpt": (Embedding, Block, Head),
     "llama": (LlamaEmbedding, LlamaBlock, LlamaHead),
 }
+
+
+def config_of(spec: ModelSpec) -> GPTConfig:
+    if spec.family not in FAMILIES:
+        raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}")
+    return GPTConfig(
+        spec.layers,
+        spec.hidden,
+        spec.ffn_hidden,
+        spec.heads,
+        spec.seq_len,
+        spec.vocab,
+        spec.family,
+        spec.kv_heads,
+        spec.rope_theta,
+        spec.norm_eps,
+    )
 
 
 def part_kind(cfg: GPTConfig, part: int | str) -> type:

@@ -39,7 +39,7 @@ from .checkpoint import load_checkpoint, model_meta, save_checkpoint, save_model
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
 from .migration import migrate, summarize
-from .model import FAMILIES, GPTConfig, build_part
+from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import empty_part, warm_up
 from .schedule import Stats, run_stage
@@ -63,23 +63,6 @@ class WorkerArgs:
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
     inbox: str | None = None
-
-
-def config_of(spec: ModelSpec) -> GPTConfig:
-    if spec.family not in FAMILIES:
-        raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}")
-    return GPTConfig(
-        spec.layers,
-        spec.hidden,
-        spec.ffn_hidden,
-        spec.heads,
-        spec.seq_len,
-        spec.vocab,
-        spec.family,
-        spec.kv_heads,
-        spec.rope_theta,
-        spec.norm_eps,
-    )
 
 
 class Worker:

@@ -12,10 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from drover.agent.runtime.launch import train_reference, train_workers
-from drover.agent.runtime.model import GPT, HEAD, GPTConfig, LlamaBlock, LlamaHead, RMSNorm, build_part
+from drover.agent.runtime.model import GPT, HEAD, GPTConfig, LlamaBlock, LlamaHead, RMSNorm, build_part, config_of
 from drover.agent.runtime.parts import assemble, empty_part, pack, unpack
 from drover.agent.runtime.tensor_parallel import BLOCK_SPLIT_DIM, shard, shard_block, unshard
-from drover.agent.runtime.worker import config_of
 from drover.planner.model import load_model
 from drover.planner.training import Training
 

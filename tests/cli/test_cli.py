@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -19,16 +16,10 @@ from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
 from drover.v1 import jobs_pb2, state_pb2
 
-from support import ROOT
+from support import ROOT, run_cli
 
 CLUSTER = ROOT / "examples" / "clusters" / "a100-64-stragglers.yaml"
 MODEL = ROOT / "examples" / "models" / "gpt-7b.yaml"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    drover = shutil.which("drover", path=str(ROOT / ".venv" / "bin")) or shutil.which("drover")
-    cmd = [drover] if drover else [sys.executable, "-m", "drover.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
 def test_plan_json_is_a_valid_plan_of_the_spec():
