@@ -228,8 +228,9 @@ class Agent:
             )
             for m in workers.new_migrations()
         ]
+        progress = workers.new_progress()
         now = time.time()
-        if samples or migrations or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
+        if samples or migrations or progress or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
             self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
             out.append(
                 agent_pb2.AgentMessage(
@@ -240,6 +241,7 @@ class Agent:
                         devices=samples,
                         nics=nics,
                         migrations=migrations,
+                        progress=progress,
                     )
                 )
             )

@@ -47,6 +47,9 @@ class FailedHere:
     def new_migrations(self) -> list[dict]:
         return []
 
+    def new_progress(self) -> dict | None:
+        return None
+
     def hand_plan(self, version: int, plan: Plan) -> None:
         pass
 
@@ -91,8 +94,11 @@ class JobWorkers:
         spec, training = worker_job(model, steps, seed)
         open_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         ctx = worker_context()
-        if self.hosts_rank0:  # rank 0 rewrites it; an earlier job's must not be read meanwhile
-            (self.out_dir / "migrations.jsonl").unlink(missing_ok=True)
+        if self.hosts_rank0:  # rank 0 rewrites these; an earlier job's must not be read meanwhile
+            for name in ("migrations.jsonl", "trace.jsonl", "eval.jsonl"):
+                (self.out_dir / name).unlink(missing_ok=True)
+        self.tokens_per_sample = spec.seq_len
+        self.progress: dict | None = None
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir
@@ -133,6 +139,29 @@ class JobWorkers:
 
     def _telemetry(self, rank: int) -> Path:
         return self.out_dir / "telemetry" / f"worker-{rank}.jsonl"
+
+    def new_progress(self) -> dict | None:
+        """Rank 0's newest step (loss, lr, tokens/s) and validation loss, if a step ended since
+        the last call; None otherwise, and on every other node."""
+        if not self.hosts_rank0:
+            return None
+        steps, evals = self._tail(self.out_dir / "trace.jsonl"), self._tail(self.out_dir / "eval.jsonl")
+        if not steps and not evals:
+            return None
+        progress = dict(self.progress or {})
+        if steps:
+            last = steps[-1]
+            progress |= {
+                "step": last["step"],
+                "loss": last["loss"],
+                "lr": last["lr"],
+                "samples_per_s": last["samples_per_s"],
+                "tokens_per_s": last["samples_per_s"] * self.tokens_per_sample,
+            }
+        if evals:
+            progress |= {"val_loss": evals[-1]["val_loss"], "val_step": evals[-1]["step"]}
+        self.progress = progress
+        return progress if "step" in progress else None
 
     def new_migrations(self) -> list[dict]:
         return self._tail(self.out_dir / "migrations.jsonl") if self.hosts_rank0 else []

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
+from rich.console import Console
 
 from drover.planner.cluster import load_cluster
 from drover.planner.model import load_model
@@ -148,8 +151,66 @@ def train(
         if workers or plan_file or switches or slow or resume:
             raise click.UsageError("--reference takes only --job or --model, --steps, --seed, --data-root and --out")
         train_reference(spec, training, out_dir, data_root)
-        return
-    if not workers or not plan_file:
-        raise click.UsageError("--workers and --plan are required without --reference")
-    plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
-    train_workers(spec, workers, plans, out_dir, training, slow, data_root)
+    else:
+        if not workers or not plan_file:
+            raise click.UsageError("--workers and --plan are required without --reference")
+        plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
+        with TraceProgress(Path(out_dir), training.steps, spec.seq_len) as progress:
+            train_workers(spec, workers, plans, out_dir, training, slow, data_root, tick=progress.update)
+    click.echo(final_line(Path(out_dir)))
+
+
+class TraceProgress:
+    """A progress bar over the workers' trace.jsonl: step, loss, tokens/s."""
+
+    def __init__(self, out: Path, steps: int, seq_len: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.path, self.offset, self.seq_len = out / "trace.jsonl", 0, seq_len
+        self.bar = Progress(
+            TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+            TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(), console=Console(stderr=True)
+        )  # fmt: skip
+        self.task = self.bar.add_task("", total=steps)
+
+    def __enter__(self):
+        self.path.unlink(missing_ok=True)  # an earlier run's, in a reused out dir
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+
+    def update(self) -> None:
+        rows = _new_rows(self.path, self)
+        if rows:
+            last = rows[-1]
+            tokens = last["samples_per_s"] * self.seq_len
+            self.bar.update(
+                self.task, completed=last["step"] + 1, description=f"loss {last['loss']:.4f}  {tokens:,.0f} tok/s"
+            )
+
+
+def _new_rows(path: Path, cursor) -> list[dict]:
+    try:
+        with path.open() as f:
+            f.seek(cursor.offset)
+            text = f.read()
+    except OSError:
+        return []
+    complete = text[: text.rfind("\n") + 1]
+    cursor.offset += len(complete.encode())
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def final_line(out: Path) -> str:
+    """The run's last step and loss, and its last validation loss, for the terminal."""
+    rows = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines() if line.strip()]
+    if not rows:
+        return f"no steps run -> {out}"
+    line = f"final loss {rows[-1]['loss']:.4f} at step {rows[-1]['step'] + 1}"
+    evals = out / "eval.jsonl"
+    if evals.exists() and evals.read_text().strip():
+        last = json.loads(evals.read_text().strip().splitlines()[-1])
+        line += f", validation loss {last['val_loss']:.4f} at step {last['step']}"
+    return f"{line} -> {out}"

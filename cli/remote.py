@@ -6,6 +6,8 @@ is assembled (__init__.py)."""
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from drover.planner.wire import job_state_name
 
 from .client import all_pages, connect, jobs_pb2, submit_job, to_dict, to_json
 from .options import control_plane_option, json_option
-from .render import table
+from .render import progress_line, table
 
 
 def _print(message, as_json: bool, render) -> None:
@@ -28,8 +30,13 @@ def _whole(response_class, method, request, field: str):
 
 
 def _job_rows(jobs) -> str:
+    def figure(j, name: str, fmt: str) -> str:
+        if not j.HasField("progress") or (name == "val_loss" and not j.progress.HasField("val_loss")):
+            return "-"
+        return format(getattr(j.progress, name), fmt)
+
     return table(
-        ["job", "state", "model", "step", "steps", "plan", "committed", "detail"],
+        ["job", "state", "model", "step", "steps", "loss", "val loss", "tok/s", "plan", "committed", "detail"],
         [
             [
                 j.id,
@@ -37,6 +44,9 @@ def _job_rows(jobs) -> str:
                 j.model_name,
                 j.step,
                 j.steps,
+                figure(j, "loss", ".4f"),
+                figure(j, "val_loss", ".4f"),
+                figure(j, "tokens_per_s", ",.0f"),
                 j.plan_version,
                 j.committed_plan_version,
                 j.detail[:60],
@@ -95,17 +105,51 @@ def job_status(job_id: str, address: str, as_json: bool) -> None:
 @control_plane_option
 @json_option
 def job_watch(job_id: str, address: str, as_json: bool) -> None:
-    """Print the job's events as they happen, until it ends."""
-    for event in connect(address).WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)):
-        if as_json:
+    """Print the job's events as they happen, under a live progress line (step, loss, lr,
+    tokens/s, validation loss), until it ends."""
+    stub = connect(address)
+    events = stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id))
+    if as_json:
+        for event in events:
             click.echo(json.dumps(to_dict(event)))
-        else:
-            details = json.loads(event.details_json)
-            details.pop("plan", None)
-            click.echo(
-                f"{time.strftime('%H:%M:%S', time.localtime(event.time))} step {event.step:>5}  "
-                f"{event.kind:<20} {json.dumps(details)}"
-            )
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    arrived: queue.Queue = queue.Queue()
+
+    def pump():  # the stream blocks; the progress line is refreshed meanwhile
+        try:
+            for event in events:
+                arrived.put(event)
+        finally:
+            arrived.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    with Live("", console=console, transient=True, refresh_per_second=4) as live:
+        while True:
+            try:
+                event = arrived.get(timeout=1.0)
+            except queue.Empty:
+                event = False
+            if event is None:
+                break
+            if event:
+                details = json.loads(event.details_json)
+                details.pop("plan", None)
+                console.print(
+                    f"{time.strftime('%H:%M:%S', time.localtime(event.time))} step {event.step:>5}  "
+                    f"{event.kind:<20} {json.dumps(details)}",
+                    markup=False,
+                    highlight=False,
+                )
+            job = stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+            if job.HasField("progress"):
+                live.update(progress_line(job.progress, job.steps))
+    job = stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+    if job.HasField("progress"):
+        click.echo(progress_line(job.progress, job.steps))
 
 
 @job.command("cancel")

@@ -26,6 +26,17 @@ def compact_devices(ids: list[str] | tuple[str, ...]) -> str:
     return " ".join(parts)
 
 
+def progress_line(progress, steps: int) -> str:
+    """step 12/30  loss 4.1234  lr 3.00e-03  1,234 tok/s  val 4.5678@10 (a Progress message)."""
+    line = (
+        f"step {progress.step + 1}/{steps}  loss {progress.loss:.4f}  lr {progress.lr:.2e}  "
+        f"{progress.tokens_per_s:,.0f} tok/s"
+    )
+    if progress.HasField("val_loss"):
+        line += f"  val {progress.val_loss:.4f}@{progress.val_step}"
+    return line
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]

@@ -14,7 +14,7 @@ from drover.planner.wire import job_state_name
 from .client import jobs_pb2
 from .local_cluster import LocalCluster
 from .options import parse_slowdowns
-from .render import table
+from .render import progress_line, table
 
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
@@ -73,6 +73,8 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
         click.echo(summary(out, job, [s[2] for s in straggles]))
+        if job.HasField("progress"):  # what reached the control plane with the telemetry
+            click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 

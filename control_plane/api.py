@@ -228,8 +228,10 @@ def _peer_host(peer: str) -> str:
     return "127.0.0.1"
 
 
-def _job(row) -> jobs_pb2.Job:
+def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
+    figures = live_progress or (json.loads(row.progress.progress_json) if row.progress else None)
     return jobs_pb2.Job(
+        progress=figures,
         id=row.id,
         state=job_state(row.state),
         model_name=row.model_name,
@@ -301,7 +303,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         live = self.cp.jobs.get(job.id)
         if live is not None:  # the step in storage lags by one flush
             job.step = max(job.step, live.step)
-        return _job(job)
+        return _job(job, live.progress if live is not None else None)
 
     async def ListJobs(self, request, context):
         offset, size = _page(request)

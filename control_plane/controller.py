@@ -79,6 +79,7 @@ class RunningJob:
     announced: set = field(default_factory=set)  # (device, rate) and (device, "link") already announced
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
     heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
+    progress: dict | None = None  # rank 0's newest step: loss, lr, tokens/s, validation loss
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -120,6 +121,7 @@ class ControlPlane:
         self._lost: dict[str, asyncio.Task] = {}
         self.flusher: asyncio.Task | None = None
         self._saved_steps: dict[str, int] = {}  # job -> step last written
+        self._saved_progress: dict[str, dict | None] = {}  # job -> progress last written
         self.new_events = asyncio.Event()  # set when an event is stored; watchers wait on it
 
     # -- start-up and background work ---------------------------------------------
@@ -204,13 +206,17 @@ class ControlPlane:
 
     async def flush(self) -> None:
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
+        progress = {j.id: j.progress for j in self.jobs.values() if self._saved_progress.get(j.id) is not j.progress}
 
-        def save_steps(session):
+        def save(session):
             for job_id, step in steps.items():
                 queries.get_job(session, job_id).step = step
+            for job_id, figures in progress.items():
+                queries.set_progress(session, job_id, figures)
 
-        await self.store.flush_samples(also=save_steps if steps else None)
+        await self.store.flush_samples(also=save if steps or progress else None)
         self._saved_steps.update(steps)  # only once they are stored: a failed flush retries them
+        self._saved_progress.update(progress)
 
     # -- agents ---------------------------------------------------------------------
 
@@ -290,6 +296,12 @@ class ControlPlane:
                 )
         if job is not None:
             _check_version(job, message.active_plan_version, "telemetry.active_plan_version")
+        if job is not None and message.HasField("progress"):
+            if message.progress.step >= job.spec.steps:
+                raise InvalidArgument(
+                    f"telemetry.progress.step = {message.progress.step}: job {job.id} has {job.spec.steps} steps"
+                )
+            job.progress = progress_dict(message.progress)
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
@@ -613,6 +625,7 @@ class ControlPlane:
         def update(session):
             row = queries.get_job(session, job.id)
             row.state, row.detail, row.step = state, detail, job.step
+            queries.set_progress(session, job.id, job.progress)
             return row
 
         return await self.store.write(update)
@@ -633,6 +646,20 @@ class ControlPlane:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
         except TimeoutError:
             pass
+
+
+def progress_dict(progress) -> dict:
+    """A Progress message as the dict stored and shown (val_loss only once there is one)."""
+    out = {
+        "step": progress.step,
+        "loss": progress.loss,
+        "lr": progress.lr,
+        "tokens_per_s": progress.tokens_per_s,
+        "samples_per_s": progress.samples_per_s,
+    }
+    if progress.HasField("val_loss"):
+        out |= {"val_loss": progress.val_loss, "val_step": progress.val_step}
+    return out
 
 
 def _check_version(job: RunningJob, version: int, where: str) -> None:

@@ -40,6 +40,10 @@ class PermissionDenied(PermissionError):
     """The caller is known but may not do this."""
 
 
+# Training losses: NaN or +inf when a run diverges, and worth showing as such.
+DIVERGES = {"loss", "val_loss"}
+
+
 def check_bounds(message, path: str) -> None:
     """Every string, list and number of `message` (recursively) within its bounds: strings and
     lists short, numbers finite, non-negative and below MAX_NUMBER, enums a known value."""
@@ -72,6 +76,8 @@ def _check_value(field, value, where: str) -> None:
         if len(value) > limit:
             raise InvalidArgument(f"{where} = {quote(value)}: at most {limit} characters")
     elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if field.name in DIVERGES and (math.isnan(value) or value == math.inf):
+            return  # a diverged run's loss is news to report, not bad input
         if not (math.isfinite(value) and 0.0 <= value <= MAX_NUMBER):
             raise InvalidArgument(f"{where} = {value!r}: a finite number >= 0 and <= {MAX_NUMBER:g}")
     elif field.type == FieldDescriptor.TYPE_ENUM:

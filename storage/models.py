@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 class Base(DeclarativeBase):
@@ -54,6 +54,17 @@ class Job(Base):
     ranks_json: Mapped[str] = mapped_column(Text, default="{}")  # device id -> rank, fixed for the job
     master_addr: Mapped[str] = mapped_column(String, default="127.0.0.1")
     master_port: Mapped[int] = mapped_column(Integer, default=0)
+    # Loaded with the job: every read of a job shows its progress.
+    progress: Mapped[JobProgress | None] = relationship(lazy="joined", uselist=False)
+
+
+class JobProgress(Base):
+    """A job's newest training figures (loss, lr, tokens/s, validation loss), as JSON: a table
+    of its own, so a database made before it gains it without a migration."""
+
+    __tablename__ = "job_progress"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    progress_json: Mapped[str] = mapped_column(Text)
 
 
 class Plan(Base):

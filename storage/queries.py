@@ -9,7 +9,7 @@ import time
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from .models import Device, Event, Job, Nic, Node, Plan, TelemetrySample
+from .models import Device, Event, Job, JobProgress, Nic, Node, Plan, TelemetrySample
 
 
 class NotFound(LookupError):
@@ -117,6 +117,12 @@ def get_plan(session: Session, job_id: str, version: int = 0) -> Plan:
     if version == 0:
         version = get_job(session, job_id).plan_version
     return _get(session, Plan, (job_id, version), "plan version", f"{job_id}@{version}")
+
+
+def set_progress(session: Session, job_id: str, figures: dict | None) -> None:
+    """A job's newest training figures (None: none yet)."""
+    if figures is not None:
+        session.merge(JobProgress(job_id=job_id, progress_json=json.dumps(figures)))
 
 
 def add_event(session: Session, job_id: str, step: int, kind: str, details: dict) -> Event:

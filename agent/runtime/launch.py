@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from multiprocessing import connection, forkserver
 from pathlib import Path
 
@@ -47,10 +48,11 @@ def train_workers(
     training: Training,
     slow: dict[str, tuple[float, int]] | None = None,
     data_root: str | Path = ".",
+    tick: Callable[[], None] | None = None,
 ) -> None:
     """Train with `workers` processes; plans[0] starts at the first step (0, or the resumed
     checkpoint's), the others arrive at their steps. The job's inputs are opened here first,
-    so a bad one fails before any worker starts."""
+    so a bad one fails before any worker starts. `tick` is called twice a second meanwhile."""
     for _, plan in plans:
         check_plan(plan, spec, workers)
     open_inputs(spec, training, data_root)
@@ -78,7 +80,7 @@ def train_workers(
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()
         procs.append(proc)
-    wait_all(procs)
+    wait_all(procs, tick)
 
 
 def worker_context():
@@ -96,11 +98,14 @@ def start_worker_launcher() -> None:
     forkserver.ensure_running()
 
 
-def wait_all(procs) -> None:
-    """Join workers; on the first failure stop the rest (they would wait on it) and raise."""
+def wait_all(procs, tick: Callable[[], None] | None = None) -> None:
+    """Join workers, calling `tick` twice a second; on the first failure stop the rest (they
+    would wait on it) and raise."""
     running = list(procs)
     while running:
-        connection.wait([p.sentinel for p in running])
+        connection.wait([p.sentinel for p in running], timeout=0.5 if tick else None)
+        if tick:
+            tick()
         for proc in [p for p in running if not p.is_alive()]:
             running.remove(proc)
             if proc.exitcode != 0:

@@ -95,7 +95,7 @@ class Worker:
         out = Path(self.args.out_dir)
         trace = open(out / "trace.jsonl", "w") if self.rank == 0 else None
         migrations = open(out / "migrations.jsonl", "w") if self.rank == 0 else None
-        evals = open(out / "eval.jsonl", "a") if self.rank == 0 and self.training.eval else None
+        evals = open(out / "eval.jsonl", "w") if self.rank == 0 and self.training.eval else None
         steps = self.training.steps
         for step in range(self.inputs.start_step, steps):
             started, wall_start = time.perf_counter(), time.time()

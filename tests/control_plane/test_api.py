@@ -16,7 +16,7 @@ from drover.storage.models import TelemetrySample
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import TINY_JOB as JOB
-from support import cpu_device
+from support import cpu_device, eventually
 
 
 async def code_of(call) -> grpc.StatusCode:
@@ -280,3 +280,48 @@ async def test_listings_come_in_pages(plane):
     for bad in bad_requests:
         code, details = await code_of(plane.jobs.ListNodes(bad))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "page_" in details
+
+
+async def test_training_progress_reaches_job_status_and_outlives_the_job(plane):
+    """Loss, lr and tokens/s ride on telemetry; GetJob shows them while the job runs and after
+    it ends (stored); a diverged loss (NaN) is reported as such; a step past the job is refused."""
+    jobs = plane.jobs
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    await agent.receive()
+
+    def progress(**figures):
+        fields = {"step": 3, "loss": 2.5, "lr": 0.003, "tokens_per_s": 1500.0, "samples_per_s": 47.0} | figures
+        agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, progress=state_pb2.Progress(**fields)))
+
+    async def shown(step: int):
+        job_now = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+        return job_now.progress if job_now.HasField("progress") and job_now.progress.step == step else None
+
+    progress()
+    got = await eventually(lambda: shown(3), what="progress")
+    assert (got.step, got.loss, got.lr, got.tokens_per_s) == (3, 2.5, 0.003, 1500.0) and not got.HasField("val_loss")
+    progress(step=4, loss=math.nan, val_loss=3.25, val_step=4)
+    got = await eventually(lambda: shown(4), what="step 4")
+    assert math.isnan(got.loss) and got.val_loss == 3.25 and got.val_step == 4
+    await plane.cp.flush()
+    await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+    ended = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))  # from storage now
+    assert ended.state == state_pb2.JOB_STATE_CANCELLED and ended.progress.step == 4
+    assert ended.progress.val_loss == 3.25
+    listed = await jobs.ListJobs(jobs_pb2.ListJobsRequest())
+    assert listed.jobs[0].progress.step == 4
+
+
+async def test_progress_past_the_job_is_invalid(plane):
+    jobs = plane.jobs
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    await agent.receive()
+    agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, progress=state_pb2.Progress(step=30, lr=1.0)))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await agent.receive()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "progress.step = 30" in info.value.details()
+    assert not (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).HasField("progress")

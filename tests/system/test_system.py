@@ -88,6 +88,10 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
     assert all(e["step"] < load_job(TINY_JOB).steps for e in events)
+    # Training progress reached the control plane with the telemetry: the last step's loss.
+    last = json.loads((out / "trace.jsonl").read_text().splitlines()[-1])
+    steps = load_job(TINY_JOB).steps
+    assert f"last progress: step {steps}/{steps}  loss {last['loss']:.4f}" in run.stdout
     # On 2 oversubscribed cores a healthy device is now and then flagged near 1.3x, so the checks
     # are on the 3x slowdown itself: seen only once it began, then planned around.
     slow = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0" and e["rate"] >= 2.0]

@@ -67,20 +67,22 @@ class Nic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceSample]
     nics: _containers.RepeatedCompositeFieldContainer[NicSample]
     migrations: _containers.RepeatedCompositeFieldContainer[Migration]
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ...) -> None: ...
+    progress: _state_pb2.Progress
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ...) -> None: ...
 
 class Migration(_message.Message):
     __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds")

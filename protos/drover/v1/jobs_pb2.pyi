@@ -17,7 +17,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, job_yaml: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir")
+    __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir", "progress")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Job(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: _state_pb2.JobState
     model_name: str
@@ -40,7 +41,8 @@ class Job(_message.Message):
     detail: str
     created: float
     out_dir: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ...) -> None: ...
+    progress: _state_pb2.Progress
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
