@@ -273,3 +273,36 @@ def test_an_unusable_out_dir_fails_the_job_with_its_cause(local_cluster, tmp_pat
     job = c.submit(job_file, "occupied")
     final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "could not start" in final.detail, final.detail
+
+
+def test_a_real_corpus_trains_on_drover_up_and_its_validation_loss_falls(tmp_path):
+    """The README's tour, shortened: a tokenizer and shards made from the standard library's
+    sources, then a drover up job on them with evaluation and checkpoints, then the export."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpus = [str(stdlib / name) for name in ("json", "email", "logging")]
+
+    def drover(*args):
+        run = subprocess.run(DROVER + list(args), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run
+
+    drover("data", "tokenizer", *corpus, "--vocab", "1024", "--out", "text/tokenizer.json")
+    drover("data", "prepare", *corpus, "--tokenizer", "text/tokenizer.json", "--out", "text/shards")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        (ROOT / "examples" / "jobs" / "text.yaml")
+        .read_text()
+        .replace("../models/", str(ROOT / "examples" / "models") + "/")
+        .replace("steps: 200", "steps: 100")
+        .replace("out/text/", "text/")
+    )
+    run = drover("up", "--job", str(job), "--out", "text/run")
+    evals = [json.loads(line) for line in (tmp_path / "text" / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [25, 50, 75, 100]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3
+    assert f"val {evals[-1]['val_loss']:.4f}@100" in run.stdout  # it reached the control plane
+    assert sorted(p.name for p in (tmp_path / "text" / "checkpoints").iterdir()) == ["step-00000050", "step-00000100"]
+    drover("export", "text/checkpoints", "--out", "text/hf")
+    assert (tmp_path / "text" / "hf" / "model.safetensors").exists()
