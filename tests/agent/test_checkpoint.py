@@ -129,3 +129,36 @@ def test_export_writes_a_hugging_face_directory_from_the_cli(spec, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").stat().st_size > 4 * spec.parameters
     gpt = run_cli("export", str(Path(ROOT / "examples")), "--out", str(tmp_path / "x"))
     assert gpt.returncode == 2 and "resume" in gpt.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("case", ["checkpoint of another model", "shard dtype", "hf architecture", "field range"])
+def test_bad_inputs_are_one_clear_error_and_nothing_is_written(case, tmp_path):
+    """Through `drover train` as a user runs it: exit 2, one line naming the field, no output."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(DP2_PP2.to_dict()))
+    job = {"model": str(TINY_LLAMA), "steps": 4}
+    expected = ""
+    if case == "checkpoint of another model":
+        gpt = Training(1, checkpoint=Checkpointing("ckpt"))
+        train_workers(load_model(ROOT / "examples" / "models" / "tiny.yaml"), 4, [(0, DP2_PP2)], tmp_path / "g", gpt,
+                      data_root=tmp_path)  # fmt: skip
+        job["resume"], expected = "ckpt", "'model.family' = 'gpt': 'llama', as the job's model"
+    elif case == "shard dtype":
+        (tmp_path / "shards").mkdir()
+        (tmp_path / "shards" / "train-00000.bin").write_bytes(b"\0" * 999)
+        meta = {"format": "drover-tokens", "dtype": "uint16", "vocab": 100, "splits": {"train": [
+            {"file": "train-00000.bin", "tokens": 500}]}}  # fmt: skip
+        (tmp_path / "shards" / "meta.json").write_text(json.dumps(meta))
+        job["data"], expected = "shards", "'tokens' = 500: what the file holds as uint16 (999 bytes)"
+    elif case == "hf architecture":
+        (tmp_path / "hf").mkdir()
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
+        job["init"], expected = "hf", "'architectures' = ['MistralForCausalLM']: a Llama architecture"
+    else:
+        job["checkpoint"], expected = {"dir": "c", "keep": 0}, "'checkpoint.keep' = 0: an integer >= 1"
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    out = run_cli("train", "--job", str(tmp_path / "job.yaml"), "--data-root", str(tmp_path), "--workers", "4",
+                  "--plan", str(plan), "--out", str(tmp_path / "out"))  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "out").exists()

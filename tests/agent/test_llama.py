@@ -16,9 +16,9 @@ from drover.agent.runtime.model import GPT, HEAD, GPTConfig, LlamaBlock, LlamaHe
 from drover.agent.runtime.parts import assemble, empty_part, pack, unpack
 from drover.agent.runtime.tensor_parallel import BLOCK_SPLIT_DIM, shard, shard_block, unshard
 from drover.planner.model import load_model
-from drover.planner.training import Training
+from drover.planner.training import Optimizer, Schedule, Training
 
-from support import DP2_PP2, MIXED_TP, ROOT, TP2, assert_matches_reference, losses
+from support import DP2_PP2, MIXED_TP, ROOT, TP2, assert_matches_reference, losses, trace
 
 TINY_LLAMA = ROOT / "examples" / "models" / "tiny-llama.yaml"
 STEPS, SEED = 6, 7
@@ -188,13 +188,16 @@ def test_tiny_llama_example_is_a_gqa_llama(spec):
 
 def test_parallel_llama_with_tp_stages_and_switches_equals_reference(spec, tmp_path):
     """DP2-PP2, then two TP-2 stages (k and v split to one head each), then a TP-2
-    stage beside a whole pipeline: the single-process model and losses throughout."""
-    train_reference(spec, Training(STEPS, SEED), tmp_path / "reference")
+    stage beside a whole pipeline, with clipping by the global norm (binding: the bound is
+    below the norm) and a warm-up and cosine schedule: the single-process model and losses."""
+    training = Training(STEPS, SEED, Optimizer(clip_norm=0.3), Schedule(2, "cosine", 1e-4))
+    train_reference(spec, training, tmp_path / "reference")
     plans = [(0, DP2_PP2), (2, TP2), (4, MIXED_TP)]
-    train_workers(spec, 4, plans, tmp_path / "run", Training(STEPS, SEED))
+    train_workers(spec, 4, plans, tmp_path / "run", training)
+    assert all(t["grad_norm"] > 0.3 for t in trace(tmp_path / "run"))
     assert_matches_reference(tmp_path / "run", tmp_path / "reference")
-    trace = [json.loads(line) for line in (tmp_path / "run" / "trace.jsonl").read_text().splitlines()]
-    assert [t["plan_version"] for t in trace] == [1, 1, 2, 2, 3, 3]
+    rows = trace(tmp_path / "run")
+    assert [t["plan_version"] for t in rows] == [1, 1, 2, 2, 3, 3]
     migrations = [json.loads(line) for line in (tmp_path / "run" / "migrations.jsonl").read_text().splitlines()]
     assert [m["step"] for m in migrations] == [2, 4] and all(m["bytes_moved"] > 0 for m in migrations)
     model = torch.load(tmp_path / "run" / "model.pt")
