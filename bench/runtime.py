@@ -1,9 +1,14 @@
-"""Adapting pays: 4 local workers, one made 3x slow, measured side by side.
+"""Adapting pays: 4 local workers, one made 3x slow, measured side by side;
+and the runtime's own overhead against plain torch.
 
 Runs, one after another on this machine: the uniform plan with local/1 3x
 slow, the planner's plan given that rate with local/1 3x slow, and the
 uniform plan with no slow worker. Reports samples/s of each (median step
-after a warm-up step) and the ratios against the targets. Prints JSON.
+after a warm-up step) and the ratios against the targets. Then a Llama of
+the same size on one worker: Drover's step (one worker process following a
+one-device plan) against a plain torch loop of the same model on the same
+data and micro-batches (torch.optim.AdamW, gradient accumulation, one
+thread like a worker), alternated run by run. Prints JSON.
 
     python bench/runtime.py
 
@@ -28,33 +33,81 @@ from drover.planner.training import Training
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = model_from_dict(
-    {
-        "name": "bench-runtime",
-        "layers": 8,
-        "hidden": 256,
-        "ffn_hidden": 1024,
-        "heads": 8,
-        "seq_len": 64,
-        "vocab": 1024,
-        "global_batch": 24,
-        "micro_batch": 2,
-    }
-)
+SPEC_FIELDS = {
+    "name": "bench-runtime",
+    "layers": 8,
+    "hidden": 256,
+    "ffn_hidden": 1024,
+    "heads": 8,
+    "seq_len": 64,
+    "vocab": 1024,
+    "global_batch": 24,
+    "micro_batch": 2,
+}
+SPEC = model_from_dict(SPEC_FIELDS)
 WORKERS, SLOW_DEVICE, RATE = 4, "local/1", 3.0
 
 
-def samples_per_s(plan, slow: bool, steps: int) -> float:
+def samples_per_s(plan, slow: bool, steps: int, spec=SPEC, workers: int = WORKERS) -> float:
     with tempfile.TemporaryDirectory() as out:
-        train_workers(SPEC, WORKERS, [(0, plan)], out, Training(steps), {SLOW_DEVICE: (RATE, 0)} if slow else None)
+        train_workers(spec, workers, [(0, plan)], out, Training(steps), {SLOW_DEVICE: (RATE, 0)} if slow else None)
         trace = [json.loads(line) for line in (Path(out) / "trace.jsonl").read_text().splitlines()]
     return statistics.median(t["samples_per_s"] for t in trace[1:])
+
+
+def plain_torch_samples_per_s(spec, steps: int) -> float:
+    """The same model, data and micro-batches in the loop a torch user writes."""
+    import time
+
+    import torch
+
+    from drover.agent.runtime.data import Synthetic
+    from drover.agent.runtime.model import GPT, config_of, loss_sum
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a worker runs
+    try:
+        model = GPT(config_of(spec), seed=0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        source = Synthetic(0, spec.seq_len, spec.vocab)
+        rates = []
+        for step in range(steps):
+            started = time.perf_counter()
+            for first in range(0, spec.global_batch, spec.micro_batch):
+                inputs, targets = source.batch(step, first, spec.micro_batch)
+                (loss_sum(model(inputs), targets) / spec.global_batch).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            rates.append(spec.global_batch / (time.perf_counter() - started))
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(rates[1:])
+
+
+def runtime_overhead(steps: int, rounds: int = 3) -> dict:
+    llama = model_from_dict({**SPEC_FIELDS, "name": "bench-runtime-llama", "family": "llama", "kv_heads": 4})
+    one = make_plan(local_cluster(1), llama, "drover")
+    drover, plain = [], []
+    for _ in range(rounds):  # alternated, so drift on the machine hits both alike
+        drover.append(samples_per_s(one, False, steps, llama, workers=1))
+        plain.append(plain_torch_samples_per_s(llama, steps))
+    return {
+        "model": {k: getattr(llama, k) for k in ("family", "layers", "hidden", "heads", "kv_heads", "ffn_hidden")},
+        "drover_samples_per_s": statistics.median(drover),
+        "plain_torch_samples_per_s": statistics.median(plain),
+        "drover_over_plain_torch": statistics.median(drover) / statistics.median(plain),
+        "target_drover_over_plain_torch_at_least": 0.95,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--overhead-only", action="store_true", help="Only Drover's step against plain torch.")
     args = parser.parse_args()
+    if args.overhead_only:
+        print(json.dumps({"cores": os.cpu_count(), "runtime_overhead": runtime_overhead(args.steps)}, indent=1))
+        return
     healthy = local_cluster(WORKERS)
     uniform = make_plan(healthy, SPEC, "uniform")
     adapted = make_plan(healthy.with_rates({SLOW_DEVICE: RATE}), SPEC, "drover")
@@ -81,6 +134,7 @@ def main() -> None:
                 "target_planner_over_uniform_at_least": 1.5,
                 "planner_over_ideal": adapted_slow / ideal,
                 "target_planner_over_ideal_at_least": 0.8,
+                "runtime_overhead": runtime_overhead(args.steps),
             },
             indent=1,
         )
