@@ -144,7 +144,37 @@ def transfers(old: Plan, new: Plan, ranks: dict[str, int], layers: int) -> list[
     the TP size changed, it takes every shard of one old group and slices
     its own. A device keeps what it already holds.
     """
-    before, after = holdings(old, ranks, layers), holdings(new, ranks, layers)
+    return transfers_between(holdings(old, ranks, layers), holdings(new, ranks, layers), layers)
+
+
+def surviving_holdings(
+    plan: Plan, old_ranks: dict[str, int], new_ranks: dict[str, int], layers: int
+) -> dict[Part, dict[int, tuple[int, int]]]:
+    """What the devices of a new world still hold of an old plan, under their new ranks:
+    the holdings of `plan` with every device missing from new_ranks (lost) left out."""
+    device_of = {r: d for d, r in old_ranks.items()}
+    return {
+        part: {new_ranks[device_of[r]]: shard for r, shard in held.items() if device_of[r] in new_ranks}
+        for part, held in holdings(plan, old_ranks, layers).items()
+    }
+
+
+def lost_parts(before: dict[Part, dict[int, tuple[int, int]]]) -> list[Part]:
+    """Parts of which no complete copy survives: for no TP size are all its shards held."""
+    return [part for part, held in before.items() if not _complete_sizes(held)]
+
+
+def _complete_sizes(held: dict[int, tuple[int, int]]) -> list[int]:
+    sizes: dict[int, set[int]] = {}
+    for t, r in held.values():
+        sizes.setdefault(t, set()).add(r)
+    return sorted(t for t, rs in sizes.items() if len(rs) == t)
+
+
+def transfers_between(
+    before: dict[Part, dict[int, tuple[int, int]]], after: dict[Part, dict[int, tuple[int, int]]], layers: int
+) -> list[Transfer]:
+    """transfers() over holdings: part -> {rank: (t, r)} before and after."""
     out = []
     for part in part_order(layers):
         old_holders = before[part]
@@ -170,7 +200,8 @@ def _one_of_each_shard(holders: dict[int, tuple[int, int]], dst: int) -> list[tu
     by_size: dict[int, dict[int, int]] = {}
     for rank, (t, r) in sorted(holders.items(), key=lambda item: (item[0] != dst, item[0])):
         by_size.setdefault(t, {}).setdefault(r, rank)
-    t = holders[dst][0] if dst in holders else min(by_size)
+    complete = _complete_sizes(holders)  # after a loss some sizes may miss a shard
+    t = holders[dst][0] if dst in holders and holders[dst][0] in complete else min(complete)
     return [(by_size[t][r], (t, r)) for r in range(t)]
 
 

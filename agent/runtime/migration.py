@@ -47,7 +47,7 @@ class Migrated:
 
 
 def migrate(
-    old_plan: Plan | None,
+    before: dict | None,
     new_plan: Plan,
     ranks: dict[str, int],
     rank: int,
@@ -59,14 +59,16 @@ def migrate(
     device: torch.device,
 ) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
-    (None: no role in the new plan, so it holds nothing). Every worker calls this."""
-    if old_plan is None:
+    (None: no role in the new plan, so it holds nothing). `before` is what every worker holds
+    now (layout.holdings of the old plan, or what survives of it after a loss; None under the
+    first plan). Every worker calls this."""
+    if before is None:
         received, out, old_shards = {}, Migrated({}, {}), {}
     else:
-        moves = layout.transfers(old_plan, new_plan, ranks, cfg.layers)
+        moves = layout.transfers_between(before, layout.holdings(new_plan, ranks, cfg.layers), cfg.layers)
         received, moved_bytes, moved_blocks = _exchange(moves, rank, parts, state, cfg, device)
         out = Migrated({}, {}, moved_bytes, moved_blocks)
-        old_shards = layout.holdings(old_plan, ranks, cfg.layers)
+        old_shards = before
     for part in role.parts if role else []:
         t, r = len(role.group), role.tp_rank
         old = old_shards[part].get(rank) if old_shards else None

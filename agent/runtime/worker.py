@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import re
 import time
@@ -35,17 +36,25 @@ from drover.planner.plan import Plan, plan_from_dict
 from drover.planner.training import Training, lr_at
 
 from . import layout
-from .checkpoint import load_checkpoint, model_meta, save_checkpoint, save_model
+from .checkpoint import complete_checkpoints, find_checkpoint, load_checkpoint, model_meta, save_checkpoint, save_model
+from .checkpoint import read_meta as read_checkpoint_meta
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
 from .migration import migrate, summarize
 from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import empty_part, warm_up
+from .recovery import World, peer_lost, wait_for_world
 from .schedule import Stats, run_stage
 from .tensor_parallel import WaitClock, join_group, split_dim
 
 COLLECTIVE_TIMEOUT_S = 300
+_HELD = object()  # _switch's default: what the current plan holds
+log = logging.getLogger("drover.worker")
+
+
+class LeftOut(Exception):
+    """The new world has no place for this device: it leaves the job."""
 
 
 @dataclass
@@ -86,66 +95,148 @@ class Worker:
         self.parts: dict[layout.Part, torch.nn.Module] = {}
         self.norm_parts: set[layout.Part] = set()  # parts whose gradients this worker counts in the norm
         self.state: dict[layout.Part, dict[str, dict[str, torch.Tensor]]] = {}
+        self.world, self.generation = args.world, 0  # world size; generation of the world (0: the first)
+        self.committed, self.pending = 0, None  # steps done; a step whose gradients await its vote
+        self.filling = False  # parts are being filled from a checkpoint
+        self.outputs: dict[str, object] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
         self.telemetry = open(Path(args.out_dir) / "telemetry" / f"worker-{self.rank}.jsonl", "a")
 
     # -- the step loop ---------------------------------------------------------
 
     def run(self) -> None:
-        out = Path(self.args.out_dir)
-        trace = open(out / "trace.jsonl", "w") if self.rank == 0 else None
-        migrations = open(out / "migrations.jsonl", "w") if self.rank == 0 else None
-        evals = open(out / "eval.jsonl", "w") if self.rank == 0 and self.training.eval else None
         steps = self.training.steps
-        for step in range(self.inputs.start_step, steps):
-            started, wall_start = time.perf_counter(), time.time()
-            for version, (arrives, plan) in enumerate(self.args.plans, start=1):
-                if arrives <= step:
-                    self.received.setdefault(version, plan)
-            if self.args.inbox:
-                self._read_inbox(Path(self.args.inbox))
-            agreed = self._agree_on_version()
-            if agreed > self.version:
-                record = self._switch(agreed, step)
-                if migrations and self.version > 1:
-                    migrations.write(json.dumps(record) + "\n")
-                    migrations.flush()
-            stats = self._train_step(step) if self.rank in self.roles else Stats()
-            grad_norm = self._clip() if self.optim.clip_norm is not None else None
-            if self.rank in self.roles:
-                self._update(step)
-            loss = torch.tensor([stats.loss], device=self.torch_device)
-            dist.all_reduce(loss)
-            elapsed = time.perf_counter() - started
-            if trace:
-                trace.write(
-                    json.dumps(
-                        {
-                            "step": step,
-                            "loss": loss.item(),
-                            "plan_version": self.version,
-                            "lr": lr_at(self.optim, self.training.schedule, step, steps),
-                            "step_time_s": elapsed,
-                            "samples_per_s": self.spec.global_batch / elapsed,
-                            "wall_start": wall_start,
-                            "wall_end": time.time(),
-                        }
-                        | ({"grad_norm": grad_norm} if grad_norm is not None else {})
-                    )
-                    + "\n"
-                )
-                trace.flush()
-            self.telemetry.write(json.dumps({"device": self.device_id, **stats.to_dict(step, self.version)}) + "\n")
-            self.telemetry.flush()
-            done = step + 1
-            evaluation = self.training.eval
-            if evaluation and (done % evaluation.every_steps == 0 or done == steps):
-                self._evaluate(done, evals)
-            checkpoint = self.training.checkpoint
-            if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
-                self._checkpoint(done)
+        self.committed = self.inputs.start_step  # steps done: the update of each is its commit
+        if self.rank == 0:  # present from the start, even empty
+            self._output("trace.jsonl")
+            self._output("migrations.jsonl")
+        while self.committed < steps:
+            try:
+                self._step(self.committed)
+            except RuntimeError as exc:
+                if not (self.args.inbox and peer_lost(exc)):
+                    raise
+                log.warning("worker %s: a peer is gone (%s); waiting for a new world", self.device_id, str(exc)[:120])
+                self._recover()
         self.telemetry.close()
-        save_model(out, self.rank, self.args.world, self.roles.get(self.rank), self.parts, self.spec.layers, self.spec)
+        out = Path(self.args.out_dir)
+        save_model(out, self.rank, self.world, self.roles.get(self.rank), self.parts, self.spec.layers, self.spec)
+
+    def _output(self, name: str):
+        """Rank 0's job-wide files, opened on first use: truncated by the first rank 0 of the job,
+        appended to by a worker that became rank 0 in a later world."""
+        if name not in self.outputs:
+            mode = "w" if self.generation == 0 else "a"
+            self.outputs[name] = open(Path(self.args.out_dir) / name, mode)
+        return self.outputs[name]
+
+    def _step(self, step: int) -> None:
+        steps = self.training.steps
+        started, wall_start = time.perf_counter(), time.time()
+        for version, (arrives, plan) in enumerate(self.args.plans, start=1):
+            if arrives <= step:
+                self.received.setdefault(version, plan)
+        if self.args.inbox:
+            self._read_inbox(Path(self.args.inbox))
+        agreed = self._agree_on_version()
+        if agreed > self.version:
+            record = self._switch(agreed, step)
+            if self.rank == 0 and record["plan_version"] > 1:
+                self._output("migrations.jsonl").write(json.dumps(record) + "\n")
+                self._output("migrations.jsonl").flush()
+        stats = self._train_step(step) if self.rank in self.roles else Stats()
+        grad_norm = self._clip() if self.optim.clip_norm is not None else None
+        self.pending = step  # this step's final gradients are held: it can be rolled forward
+        loss = torch.tensor([stats.loss], device=self.torch_device)
+        dist.all_reduce(loss)  # the vote: whoever completes it commits the step
+        if self.rank in self.roles:
+            self._update(step)
+        self.pending, self.committed = None, step + 1
+        elapsed = time.perf_counter() - started
+        if self.rank == 0:
+            row = {
+                "step": step,
+                "loss": loss.item(),
+                "plan_version": self.version,
+                "lr": lr_at(self.optim, self.training.schedule, step, steps),
+                "step_time_s": elapsed,
+                "samples_per_s": self.spec.global_batch / elapsed,
+                "wall_start": wall_start,
+                "wall_end": time.time(),
+            }
+            trace = self._output("trace.jsonl")
+            trace.write(json.dumps(row | ({"grad_norm": grad_norm} if grad_norm is not None else {})) + "\n")
+            trace.flush()
+        self.telemetry.write(json.dumps({"device": self.device_id, **stats.to_dict(step, self.version)}) + "\n")
+        self.telemetry.flush()
+        done = step + 1
+        evaluation = self.training.eval
+        if evaluation and (done % evaluation.every_steps == 0 or done == steps):
+            self._evaluate(done, self._output("eval.jsonl") if self.rank == 0 else None)
+        checkpoint = self.training.checkpoint
+        if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
+            self._checkpoint(done)
+
+    # -- surviving lost peers (recovery.py) ------------------------------------------------
+
+    def _recover(self) -> None:
+        """Leave the broken world, join the next one the inbox names, and continue there."""
+        self._leave_world()
+        while True:
+            world = wait_for_world(Path(self.args.inbox), self.generation, COLLECTIVE_TIMEOUT_S)
+            self.generation = world.generation
+            if self.device_id not in world.ranks:
+                raise LeftOut(f"{self.device_id} has no place in world {world.generation}")
+            try:
+                dist.init_process_group(
+                    "nccl" if self.torch_device.type == "cuda" else "gloo",
+                    init_method=world.init_method,
+                    rank=world.ranks[self.device_id],
+                    world_size=world.size,
+                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                )
+                self._rejoin(world)
+                return
+            except RuntimeError as exc:  # lost another peer while regrouping: the next world
+                if not peer_lost(exc):
+                    raise
+                self._leave_world()
+
+    def _leave_world(self) -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group may fail to close; it is gone either way
+            pass
+        self.groups, self.tp_pg, self.sync_pgs = {}, None, []
+
+    def _rejoin(self, world: World) -> None:
+        old_plan, old_ranks = self.plan, self.ranks
+        self.rank, self.ranks, self.world = world.ranks[self.device_id], world.ranks, world.size
+        # The step commit protocol: agree on the newest committed step, roll forward if behind.
+        newest = torch.tensor([self.committed], dtype=torch.int64, device=self.torch_device)
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        newest = int(newest)
+        if newest == self.committed + 1 and self.pending == self.committed:
+            self._update(self.committed)
+            self.committed = newest
+        elif newest != self.committed:
+            raise RuntimeError(f"{self.device_id} is at step {self.committed}, the world at {newest}: cannot recover")
+        self.pending = None
+        for module in self.parts.values():
+            for p in module.parameters():
+                p.grad = None
+        before = layout.surviving_holdings(old_plan, old_ranks, world.ranks, self.spec.layers)
+        lost = layout.lost_parts(before)
+        self.received[world.plan_version] = world.plan
+        if not lost:
+            self._switch(world.plan_version, self.committed, before=before)
+            return
+        if not self.inputs.checkpoints or not complete_checkpoints(self.inputs.checkpoints):
+            raise RuntimeError(f"parts {lost[:5]} were lost with every copy, and the job has no checkpoint")
+        checkpoint = find_checkpoint(self.inputs.checkpoints)
+        self.parts, self.state = {}, {}  # every worker rolls back to the same step
+        self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint)
+        self.committed = read_checkpoint_meta(checkpoint)["step"]
 
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,
@@ -244,15 +335,22 @@ class Worker:
 
     # -- plan switches -----------------------------------------------------------
 
-    def _switch(self, version: int, step: int) -> dict:
-        """Start plan `version` at this step; move only the parts that change owner."""
+    def _switch(self, version: int, step: int, before=_HELD, fill_from: Path | None = None) -> dict:
+        """Start plan `version` at this step; move only the parts that change owner. `before`:
+        what every worker holds now (default: the current plan's holdings); `fill_from`: a
+        checkpoint that fills every part instead (the job's resume, or a rollback)."""
         started = time.perf_counter()
         new_plan = self.received[version]
         self.roles = layout.roles(new_plan, self.ranks)
         self.norm_parts = layout.norm_parts(new_plan, self.ranks, self.rank)
         role = self.roles.get(self.rank)
+        if before is _HELD:
+            before = layout.holdings(self.plan, self.ranks, self.spec.layers) if self.plan else None
+        if self.plan is None and self.inputs.resume:
+            fill_from = self.inputs.resume
+        self.filling = fill_from is not None
         migrated = migrate(
-            self.plan,
+            before,
             new_plan,
             self.ranks,
             self.rank,
@@ -265,11 +363,9 @@ class Worker:
         )
         self.parts, self.state = migrated.parts, migrated.state
         self._build_groups(new_plan)
-        if self.plan is None and self.inputs.resume:
-            resume = self.inputs.resume
-            load_checkpoint(
-                resume, self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device
-            )
+        if fill_from is not None:
+            args = (self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device)
+            load_checkpoint(fill_from, *args)
         if role and len(role.group) > 1:
             for part, module in self.parts.items():
                 if isinstance(part, int):
@@ -280,7 +376,7 @@ class Worker:
     def _origin(self, part: layout.Part) -> torch.nn.Module:
         """A part under the first plan: empty for a checkpoint to fill, from the Hugging Face
         weights, or built from (seed, part)."""
-        if self.inputs.resume:
+        if self.filling:
             return empty_part(self.cfg, part, 1, 0, torch.device("cpu"))
         if self.inputs.init:
             return self.inputs.init.module(self.cfg, part)
@@ -331,5 +427,8 @@ def worker_main(args: WorkerArgs) -> None:
     )
     try:
         Worker(args, torch_device).run()
+    except LeftOut as exc:  # not an error: the job goes on without this device
+        log.info("%s", exc)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

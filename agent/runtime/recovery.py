@@ -1,0 +1,104 @@
+"""Surviving lost peers: when a collective fails because a peer is gone, the
+surviving workers keep their model and optimizer state in memory, leave the
+broken process groups, wait for a new world (a rendezvous, ranks and a plan
+for the survivors, dropped into their inbox as `world-G.json` by whoever
+coordinates: the agent, from the control plane), and join it.
+
+The step commit protocol (docs/architecture.md) makes every survivor hold
+the same last completed step afterwards:
+
+- a step's gradients are summed and clipped, then a world-wide all-reduce
+  of the loss is the *vote*; only a worker whose vote completed applies the
+  update, so the update is the commit;
+- if any worker completed the vote of step k, every worker reached it, so
+  every survivor holds step k's final gradients: in the new world the
+  survivors agree on the newest committed step (all-reduce MAX) and those
+  whose vote failed apply step k's update then (roll forward);
+- if none completed it, step k is redone under the new plan.
+
+Parts whose every copy was lost are rolled back from the newest checkpoint,
+by every worker, to the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from drover.planner.plan import Plan, plan_from_dict
+
+# How torch.distributed says a peer is gone: gloo's transport errors (a peer's socket closed
+# or reset, a read or write on it failing, a collective timing out), NCCL's aborts.
+_PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|Read error|Write error|Broken pipe|Timed out|timed out|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(error|abort)|Socket Timeout|connect(ion)? refused",
+    re.IGNORECASE,
+)
+WORLD_FILE = re.compile(r"world-(\d+)\.json")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a failed collective means a lost peer (as opposed to a bug to report)."""
+    return isinstance(exc, RuntimeError) and bool(_PEER_LOST.search(str(exc)))
+
+
+@dataclass(frozen=True)
+class World:
+    generation: int
+    init_method: str
+    ranks: dict[str, int]  # device id -> rank in the new world
+    plan_version: int
+    plan: Plan
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def to_dict(self) -> dict:
+        return {
+            "generation": self.generation,
+            "init_method": self.init_method,
+            "ranks": self.ranks,
+            "plan_version": self.plan_version,
+            "plan": self.plan.to_dict(),
+        }
+
+
+def world_from_dict(data: dict, source: str) -> World:
+    ranks = {str(d): int(r) for d, r in data["ranks"].items()}
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{source}: ranks {sorted(ranks.values())} are not 0..{len(ranks) - 1}")
+    return World(
+        int(data["generation"]),
+        str(data["init_method"]),
+        ranks,
+        int(data["plan_version"]),
+        plan_from_dict(data["plan"], f"{source}: plan"),
+    )
+
+
+def newest_world(inbox: Path, after: int) -> World | None:
+    """The newest world file of a generation above `after`, if any (agents write them atomically)."""
+    found = []
+    for path in inbox.glob("world-*.json"):
+        match = WORLD_FILE.fullmatch(path.name)
+        if match and int(match.group(1)) > after:
+            found.append((int(match.group(1)), path))
+    if not found:
+        return None
+    _, path = max(found)
+    return world_from_dict(json.loads(path.read_text()), str(path))
+
+
+def wait_for_world(inbox: Path, after: int, timeout_s: float, poll_s: float = 0.05) -> World:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        world = newest_world(inbox, after)
+        if world is not None:
+            return world
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no new world in {inbox} within {timeout_s:.0f} s after losing a peer")
+        time.sleep(poll_s)
