@@ -19,6 +19,7 @@ The torch device is chosen once in worker_main and handed down explicitly.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import logging
 import os
@@ -113,11 +114,14 @@ class Worker:
         while self.committed < steps:
             try:
                 self._step(self.committed)
+                continue
             except RuntimeError as exc:
                 if not (self.args.inbox and peer_lost(exc)):
                     raise
                 log.warning("worker %s: a peer is gone (%s); waiting for a new world", self.device_id, str(exc)[:120])
-                self._recover()
+            # Outside the except block: its traceback would keep the broken groups, and so their
+            # sockets, alive, and peers blocked on them would never learn the world is gone.
+            self._recover()
         self.telemetry.close()
         out = Path(self.args.out_dir)
         save_model(out, self.rank, self.world, self.roles.get(self.rank), self.parts, self.spec.layers, self.spec)
@@ -200,14 +204,19 @@ class Worker:
             except RuntimeError as exc:  # lost another peer while regrouping: the next world
                 if not peer_lost(exc):
                     raise
-                self._leave_world()
+            self._leave_world()
 
     def _leave_world(self) -> None:
+        """Close every group, so that peers still waiting on this worker fail fast too."""
+        self.groups, self.tp_pg, self.sync_pgs = {}, None, []
+        for module in self.parts.values():  # TP hooks hold their group
+            if hasattr(module, "enter"):
+                module.enter, module.exit = torch.nn.Identity(), torch.nn.Identity()
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken group may fail to close; it is gone either way
             pass
-        self.groups, self.tp_pg, self.sync_pgs = {}, None, []
+        gc.collect()  # the groups' sockets close when the last reference goes
 
     def _rejoin(self, world: World) -> None:
         old_plan, old_ranks = self.plan, self.ranks

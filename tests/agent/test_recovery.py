@@ -1,0 +1,141 @@
+"""Workers that survive a lost peer (recovery.py), with real processes and gloo:
+one worker is SIGKILLed mid-run, the test hands the survivors a new world
+(what the agent does for the control plane), and the job ends with the
+single-process reference's model. From replicas when every part has a
+surviving copy; from the newest checkpoint, every worker rolled back to the
+same step, when some part lost every copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from drover.agent.runtime.launch import train_reference, worker_context
+from drover.agent.runtime.layout import holdings, lost_parts, surviving_holdings
+from drover.agent.runtime.recovery import World, peer_lost
+from drover.agent.runtime.worker import WorkerArgs, worker_main
+from drover.planner.model import load_model
+from drover.planner.ports import free_port
+from drover.planner.training import Checkpointing, Optimizer, Schedule, Training
+
+from support import DP2_PP2, ROOT, local_plan, trace
+
+STEPS, SEED = 10, 3
+TRAINING = Training(STEPS, SEED, Optimizer(clip_norm=0.5), Schedule(2, "cosine", 1e-4))
+PP4 = local_plan((8, [([0], (0, 1)), ([1], (1, 2)), ([2], (2, 3)), ([3], (3, 4))]))
+SURVIVORS_012 = local_plan((5, [([0], (0, 2)), ([1], (2, 4))]), (3, [([2], (0, 4))]))
+SURVIVORS_013 = local_plan((8, [([0], (0, 2)), ([1], (2, 3)), ([3], (3, 4))]))
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model(ROOT / "examples" / "models" / "tiny-llama.yaml")
+
+
+@pytest.fixture(scope="module")
+def reference(spec, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    train_reference(spec, TRAINING, out)
+    return out
+
+
+def start(spec, plan, training, out: Path, inbox: Path, slow_device: int):
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ctx = worker_context()
+    procs = {}
+    for rank in range(4):
+        slow = (8.0, 0) if rank == slow_device else None  # slowed, so there is time to kill mid-run
+        args = WorkerArgs(rank, 4, init, spec, training, [(0, plan)], str(out), str(out.parent), slow, inbox=str(inbox))
+        procs[rank] = ctx.Process(target=worker_main, args=(args,), name=f"worker-{rank}")
+        procs[rank].start()
+    return procs
+
+
+def kill_after(procs, rank: int, out: Path, steps_done: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(trace(out)) < steps_done if (out / "trace.jsonl").exists() else True:
+        assert time.monotonic() < deadline, "the run did not get going"
+        time.sleep(0.01)
+    os.kill(procs[rank].pid, signal.SIGKILL)
+
+
+def new_world(inbox: Path, survivors: list[int], plan) -> None:
+    ranks = {f"local/{d}": i for i, d in enumerate(survivors)}
+    world = World(1, f"tcp://127.0.0.1:{free_port()}", ranks, 2, plan)
+    tmp = inbox / ".world.tmp"
+    tmp.write_text(json.dumps(world.to_dict()))
+    os.replace(tmp, inbox / "world-1.json")
+
+
+def join_all(procs, survivors: list[int]) -> None:
+    for rank in survivors:
+        procs[rank].join(120)
+        assert procs[rank].exitcode == 0, f"worker {rank} exited with {procs[rank].exitcode}"
+
+
+def assert_reference_model(out: Path, reference: Path) -> None:
+    want, got = torch.load(reference / "model.pt"), torch.load(out / "model.pt")
+    for key in want:
+        assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
+    last = {row["step"]: row["loss"] for row in trace(out)}  # a redone step's later line wins
+    assert sorted(last) == list(range(STEPS))
+    assert [last[s] for s in range(STEPS)] == pytest.approx([r["loss"] for r in trace(reference)], rel=1e-5)
+
+
+def test_a_killed_worker_whose_parts_have_replicas_is_recovered_from_them(spec, reference, tmp_path):
+    inbox, out = tmp_path / "inbox", tmp_path / "run"
+    inbox.mkdir()
+    out.mkdir()
+    procs = start(spec, DP2_PP2, TRAINING, out, inbox, slow_device=1)
+    kill_after(procs, 3, out, steps_done=3)
+    new_world(inbox, [0, 1, 2], SURVIVORS_012)
+    join_all(procs, [0, 1, 2])
+    assert_reference_model(out, reference)
+    steps = [row["step"] for row in trace(out)]
+    assert steps == sorted(set(steps)), "from replicas no step is redone"
+    assert trace(out)[-1]["plan_version"] == 2
+
+
+def test_a_killed_worker_with_the_only_copy_rolls_back_to_the_checkpoint(spec, reference, tmp_path):
+    inbox, out = tmp_path / "inbox", tmp_path / "run"
+    inbox.mkdir()
+    out.mkdir()
+    training = Training(**{**TRAINING.__dict__, "checkpoint": Checkpointing("ckpt", every_steps=2)})
+    procs = start(spec, PP4, training, out, inbox, slow_device=0)
+    kill_after(procs, 2, out, steps_done=3)
+    new_world(inbox, [0, 1, 3], SURVIVORS_013)
+    join_all(procs, [0, 1, 3])
+    assert_reference_model(out, reference)
+    steps = [row["step"] for row in trace(out)]
+    assert len(steps) > len(set(steps)), "rolled back: some steps were run twice"
+
+
+def test_what_survives_of_a_plan():
+    ranks = {f"local/{i}": i for i in range(4)}
+    survivors = {"local/0": 0, "local/1": 1, "local/2": 2}
+    before = surviving_holdings(DP2_PP2, ranks, survivors, 4)
+    assert before == {
+        part: {r: s for r, s in held.items() if r != 3} for part, held in holdings(DP2_PP2, ranks, 4).items()
+    }
+    assert lost_parts(before) == []
+    pp = surviving_holdings(PP4, ranks, {"local/0": 0, "local/1": 1, "local/3": 2}, 4)
+    assert lost_parts(pp) == [2]  # block 2 lived on local/2 alone
+
+
+@pytest.mark.parametrize(
+    "message, lost",
+    [
+        ("[pair.cc:537] Read error [127.0.0.1]:46752: Connection reset by peer", True),
+        ("[pair.cc:553] Connection closed by peer [127.0.0.1]:44931", True),
+        ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", False),
+    ],
+)
+def test_only_transport_failures_count_as_a_lost_peer(message, lost):
+    assert peer_lost(RuntimeError(message)) is lost
+    assert not peer_lost(ValueError(message))
