@@ -185,7 +185,10 @@ class Worker:
 
     def _recover(self) -> None:
         """Leave the broken world, join the next one the inbox names, and continue there."""
+        lost_at = time.perf_counter()
         self._leave_world()
+        stalled = Path(self.args.inbox) / f"stalled-{self.device_id.replace('/', '_')}.json"
+        stalled.write_text(json.dumps({"generation": self.generation}))  # the agent reports it
         while True:
             world = wait_for_world(Path(self.args.inbox), self.generation, COLLECTIVE_TIMEOUT_S)
             self.generation = world.generation
@@ -199,7 +202,11 @@ class Worker:
                     world_size=world.size,
                     timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                 )
-                self._rejoin(world)
+                record = self._rejoin(world, lost_at)
+                stalled.unlink(missing_ok=True)
+                if self.rank == 0:
+                    self._output("migrations.jsonl").write(json.dumps(record) + "\n")
+                    self._output("migrations.jsonl").flush()
                 return
             except RuntimeError as exc:  # lost another peer while regrouping: the next world
                 if not peer_lost(exc):
@@ -218,7 +225,8 @@ class Worker:
             pass
         gc.collect()  # the groups' sockets close when the last reference goes
 
-    def _rejoin(self, world: World) -> None:
+    def _rejoin(self, world: World, lost_at: float) -> dict:
+        """Agree on the step, take the new plan's parts, and return the recovery's record."""
         old_plan, old_ranks = self.plan, self.ranks
         self.rank, self.ranks, self.world = world.ranks[self.device_id], world.ranks, world.size
         # The step commit protocol: agree on the newest committed step, roll forward if behind.
@@ -238,14 +246,16 @@ class Worker:
         lost = layout.lost_parts(before)
         self.received[world.plan_version] = world.plan
         if not lost:
-            self._switch(world.plan_version, self.committed, before=before)
-            return
+            record = self._switch(world.plan_version, self.committed, before=before, started=lost_at)
+            return record | {"recovered_from": "replicas", "steps_redone": 0}
         if not self.inputs.checkpoints or not complete_checkpoints(self.inputs.checkpoints):
             raise RuntimeError(f"parts {lost[:5]} were lost with every copy, and the job has no checkpoint")
         checkpoint = find_checkpoint(self.inputs.checkpoints)
         self.parts, self.state = {}, {}  # every worker rolls back to the same step
-        self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint)
-        self.committed = read_checkpoint_meta(checkpoint)["step"]
+        record = self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint, started=lost_at)
+        redone = self.committed - read_checkpoint_meta(checkpoint)["step"]
+        self.committed -= redone
+        return record | {"step": self.committed, "recovered_from": "checkpoint", "steps_redone": redone}
 
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,
@@ -344,11 +354,14 @@ class Worker:
 
     # -- plan switches -----------------------------------------------------------
 
-    def _switch(self, version: int, step: int, before=_HELD, fill_from: Path | None = None) -> dict:
+    def _switch(
+        self, version: int, step: int, before=_HELD, fill_from: Path | None = None, started: float | None = None
+    ) -> dict:
         """Start plan `version` at this step; move only the parts that change owner. `before`:
         what every worker holds now (default: the current plan's holdings); `fill_from`: a
-        checkpoint that fills every part instead (the job's resume, or a rollback)."""
-        started = time.perf_counter()
+        checkpoint that fills every part instead (the job's resume, or a rollback); `started`:
+        when the switch began, for its record (a recovery: when the loss was noticed)."""
+        started = time.perf_counter() if started is None else started
         new_plan = self.received[version]
         self.roles = layout.roles(new_plan, self.ranks)
         self.norm_parts = layout.norm_parts(new_plan, self.ranks, self.rank)

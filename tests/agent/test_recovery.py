@@ -100,6 +100,8 @@ def test_a_killed_worker_whose_parts_have_replicas_is_recovered_from_them(spec, 
     steps = [row["step"] for row in trace(out)]
     assert steps == sorted(set(steps)), "from replicas no step is redone"
     assert trace(out)[-1]["plan_version"] == 2
+    (record,) = records(out)
+    assert record["recovered_from"] == "replicas" and record["steps_redone"] == 0 and record["bytes_moved"] > 0
 
 
 def test_a_killed_worker_with_the_only_copy_rolls_back_to_the_checkpoint(spec, reference, tmp_path):
@@ -114,6 +116,12 @@ def test_a_killed_worker_with_the_only_copy_rolls_back_to_the_checkpoint(spec, r
     assert_reference_model(out, reference)
     steps = [row["step"] for row in trace(out)]
     assert len(steps) > len(set(steps)), "rolled back: some steps were run twice"
+    (record,) = records(out)
+    assert record["recovered_from"] == "checkpoint" and record["steps_redone"] == len(steps) - len(set(steps))
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "migrations.jsonl").read_text().splitlines()]
 
 
 def test_what_survives_of_a_plan():

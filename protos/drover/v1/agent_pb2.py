@@ -26,7 +26,7 @@ from drover.v1 import plan_pb2 as drover_dot_v1_dot_plan__pb2
 from drover.v1 import state_pb2 as drover_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64rover/v1/agent.proto\x12\tdrover.v1\x1a\x14\x64rover/v1/plan.proto\x1a\x15\x64rover/v1/state.proto\"\x92\x01\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.drover.v1.HelloH\x00\x12)\n\ttelemetry\x18\x02 \x01(\x0b\x32\x14.drover.v1.TelemetryH\x00\x12&\n\x06status\x18\x04 \x01(\x0b\x32\x14.drover.v1.JobStatusH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x03\x10\x04\"\x90\x01\n\x0e\x43ontrolMessage\x12(\n\tstart_job\x18\x01 \x01(\x0b\x32\x13.drover.v1.StartJobH\x00\x12%\n\x04plan\x18\x02 \x01(\x0b\x32\x15.drover.v1.PlanUpdateH\x00\x12%\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x12.drover.v1.CommandH\x00\x42\x06\n\x04\x62ody\"\x92\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x11.drover.v1.Device\x12\x1c\n\x04nics\x18\x03 \x03(\x0b\x32\x0e.drover.v1.Nic\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\"\n\x04jobs\x18\x05 \x03(\x0b\x32\x14.drover.v1.JobStatus\"T\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\nmemory_gib\x18\x04 \x01(\x01\x12\x0e\n\x06tflops\x18\x05 \x01(\x01\"/\n\x03Nic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\"\xe5\x01\n\tTelemetry\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x1b\n\x13\x61\x63tive_plan_version\x18\x03 \x01(\x03\x12(\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x17.drover.v1.DeviceSample\x12\"\n\x04nics\x18\x05 \x03(\x0b\x32\x14.drover.v1.NicSample\x12(\n\nmigrations\x18\x06 \x03(\x0b\x32\x14.drover.v1.Migration\x12%\n\x08progress\x18\x07 \x01(\x0b\x32\x13.drover.v1.Progress\"k\n\tMigration\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cplan_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x62ytes_moved\x18\x03 \x01(\x03\x12\x14\n\x0c\x62locks_moved\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"\x84\x01\n\x0c\x44\x65viceSample\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x03 \x01(\x01\x12\x12\n\np2p_wait_s\x18\x04 \x01(\x01\x12\x13\n\x0bgrad_sync_s\x18\x05 \x01(\x01J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"H\n\tNicSample\x12\x0b\n\x03nic\x18\x01 \x01(\t\x12\x16\n\x0etx_bytes_per_s\x18\x02 \x01(\x01\x12\x16\n\x0erx_bytes_per_s\x18\x03 \x01(\x01\"\x80\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x06 \x01(\x0e\x32\x13.drover.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x61\x63tive_plan_version\x18\x04 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\tJ\x04\x08\x02\x10\x03\"\xac\x02\n\x08StartJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmodel_yaml\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12-\n\x05ranks\x18\x06 \x03(\x0b\x32\x1e.drover.v1.StartJob.RanksEntry\x12\x13\n\x0bmaster_addr\x18\x07 \x01(\t\x12\x13\n\x0bmaster_port\x18\x08 \x01(\x05\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x1d\n\x04plan\x18\n \x01(\x0b\x32\x0f.drover.v1.Plan\x12\x0f\n\x07out_dir\x18\x0b \x01(\t\x1a,\n\nRanksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"L\n\nPlanUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1d\n\x04plan\x18\x03 \x01(\x0b\x32\x0f.drover.v1.Plan\"b\n\x07\x43ommand\x12\'\n\x08straggle\x18\x01 \x01(\x0b\x32\x13.drover.v1.StraggleH\x00\x12&\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x14.drover.v1.CancelJobH\x00\x42\x06\n\x04\x62ody\";\n\x08Straggle\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\"\x1b\n\tCancelJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t2Q\n\x0c\x41gentService\x12\x41\n\x07\x43onnect\x12\x17.drover.v1.AgentMessage\x1a\x19.drover.v1.ControlMessage(\x01\x30\x01\x42\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64rover/v1/agent.proto\x12\tdrover.v1\x1a\x14\x64rover/v1/plan.proto\x1a\x15\x64rover/v1/state.proto\"\x92\x01\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.drover.v1.HelloH\x00\x12)\n\ttelemetry\x18\x02 \x01(\x0b\x32\x14.drover.v1.TelemetryH\x00\x12&\n\x06status\x18\x04 \x01(\x0b\x32\x14.drover.v1.JobStatusH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x03\x10\x04\"\xb7\x01\n\x0e\x43ontrolMessage\x12(\n\tstart_job\x18\x01 \x01(\x0b\x32\x13.drover.v1.StartJobH\x00\x12%\n\x04plan\x18\x02 \x01(\x0b\x32\x15.drover.v1.PlanUpdateH\x00\x12%\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x12.drover.v1.CommandH\x00\x12%\n\x07recover\x18\x04 \x01(\x0b\x32\x12.drover.v1.RecoverH\x00\x42\x06\n\x04\x62ody\"\x92\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x11.drover.v1.Device\x12\x1c\n\x04nics\x18\x03 \x03(\x0b\x32\x0e.drover.v1.Nic\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\"\n\x04jobs\x18\x05 \x03(\x0b\x32\x14.drover.v1.JobStatus\"T\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\nmemory_gib\x18\x04 \x01(\x01\x12\x0e\n\x06tflops\x18\x05 \x01(\x01\"/\n\x03Nic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\"\xfe\x01\n\tTelemetry\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x1b\n\x13\x61\x63tive_plan_version\x18\x03 \x01(\x03\x12(\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x17.drover.v1.DeviceSample\x12\"\n\x04nics\x18\x05 \x03(\x0b\x32\x14.drover.v1.NicSample\x12(\n\nmigrations\x18\x06 \x03(\x0b\x32\x14.drover.v1.Migration\x12%\n\x08progress\x18\x07 \x01(\x0b\x32\x13.drover.v1.Progress\x12\x17\n\x0fstalled_devices\x18\x08 \x03(\t\"\x99\x01\n\tMigration\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cplan_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x62ytes_moved\x18\x03 \x01(\x03\x12\x14\n\x0c\x62locks_moved\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x16\n\x0erecovered_from\x18\x06 \x01(\t\x12\x14\n\x0csteps_redone\x18\x07 \x01(\x03\"\x84\x01\n\x0c\x44\x65viceSample\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x03 \x01(\x01\x12\x12\n\np2p_wait_s\x18\x04 \x01(\x01\x12\x13\n\x0bgrad_sync_s\x18\x05 \x01(\x01J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"H\n\tNicSample\x12\x0b\n\x03nic\x18\x01 \x01(\t\x12\x16\n\x0etx_bytes_per_s\x18\x02 \x01(\x01\x12\x16\n\x0erx_bytes_per_s\x18\x03 \x01(\x01\"\x80\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x06 \x01(\x0e\x32\x13.drover.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x61\x63tive_plan_version\x18\x04 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\tJ\x04\x08\x02\x10\x03\"\xac\x02\n\x08StartJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmodel_yaml\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12-\n\x05ranks\x18\x06 \x03(\x0b\x32\x1e.drover.v1.StartJob.RanksEntry\x12\x13\n\x0bmaster_addr\x18\x07 \x01(\t\x12\x13\n\x0bmaster_port\x18\x08 \x01(\x05\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x1d\n\x04plan\x18\n \x01(\x0b\x32\x0f.drover.v1.Plan\x12\x0f\n\x07out_dir\x18\x0b \x01(\t\x1a,\n\nRanksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\xe8\x01\n\x07Recover\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12,\n\x05ranks\x18\x03 \x03(\x0b\x32\x1d.drover.v1.Recover.RanksEntry\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\x05\x12\x14\n\x0cplan_version\x18\x06 \x01(\x03\x12\x1d\n\x04plan\x18\x07 \x01(\x0b\x32\x0f.drover.v1.Plan\x1a,\n\nRanksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"L\n\nPlanUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1d\n\x04plan\x18\x03 \x01(\x0b\x32\x0f.drover.v1.Plan\"b\n\x07\x43ommand\x12\'\n\x08straggle\x18\x01 \x01(\x0b\x32\x13.drover.v1.StraggleH\x00\x12&\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x14.drover.v1.CancelJobH\x00\x42\x06\n\x04\x62ody\";\n\x08Straggle\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\"\x1b\n\tCancelJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t2Q\n\x0c\x41gentService\x12\x41\n\x07\x43onnect\x12\x17.drover.v1.AgentMessage\x1a\x19.drover.v1.ControlMessage(\x01\x30\x01\x42\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,38 +36,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z\035drover.dev/drover/v1;droverv1'
   _globals['_STARTJOB_RANKSENTRY']._loaded_options = None
   _globals['_STARTJOB_RANKSENTRY']._serialized_options = b'8\001'
+  _globals['_RECOVER_RANKSENTRY']._loaded_options = None
+  _globals['_RECOVER_RANKSENTRY']._serialized_options = b'8\001'
   _globals['_AGENTMESSAGE']._serialized_start=82
   _globals['_AGENTMESSAGE']._serialized_end=228
   _globals['_CONTROLMESSAGE']._serialized_start=231
-  _globals['_CONTROLMESSAGE']._serialized_end=375
-  _globals['_HELLO']._serialized_start=378
-  _globals['_HELLO']._serialized_end=524
-  _globals['_DEVICE']._serialized_start=526
-  _globals['_DEVICE']._serialized_end=610
-  _globals['_NIC']._serialized_start=612
-  _globals['_NIC']._serialized_end=659
-  _globals['_TELEMETRY']._serialized_start=662
-  _globals['_TELEMETRY']._serialized_end=891
-  _globals['_MIGRATION']._serialized_start=893
-  _globals['_MIGRATION']._serialized_end=1000
-  _globals['_DEVICESAMPLE']._serialized_start=1003
-  _globals['_DEVICESAMPLE']._serialized_end=1135
-  _globals['_NICSAMPLE']._serialized_start=1137
-  _globals['_NICSAMPLE']._serialized_end=1209
-  _globals['_JOBSTATUS']._serialized_start=1212
-  _globals['_JOBSTATUS']._serialized_end=1340
-  _globals['_STARTJOB']._serialized_start=1343
-  _globals['_STARTJOB']._serialized_end=1643
-  _globals['_STARTJOB_RANKSENTRY']._serialized_start=1599
-  _globals['_STARTJOB_RANKSENTRY']._serialized_end=1643
-  _globals['_PLANUPDATE']._serialized_start=1645
-  _globals['_PLANUPDATE']._serialized_end=1721
-  _globals['_COMMAND']._serialized_start=1723
-  _globals['_COMMAND']._serialized_end=1821
-  _globals['_STRAGGLE']._serialized_start=1823
-  _globals['_STRAGGLE']._serialized_end=1882
-  _globals['_CANCELJOB']._serialized_start=1884
-  _globals['_CANCELJOB']._serialized_end=1911
-  _globals['_AGENTSERVICE']._serialized_start=1913
-  _globals['_AGENTSERVICE']._serialized_end=1994
+  _globals['_CONTROLMESSAGE']._serialized_end=414
+  _globals['_HELLO']._serialized_start=417
+  _globals['_HELLO']._serialized_end=563
+  _globals['_DEVICE']._serialized_start=565
+  _globals['_DEVICE']._serialized_end=649
+  _globals['_NIC']._serialized_start=651
+  _globals['_NIC']._serialized_end=698
+  _globals['_TELEMETRY']._serialized_start=701
+  _globals['_TELEMETRY']._serialized_end=955
+  _globals['_MIGRATION']._serialized_start=958
+  _globals['_MIGRATION']._serialized_end=1111
+  _globals['_DEVICESAMPLE']._serialized_start=1114
+  _globals['_DEVICESAMPLE']._serialized_end=1246
+  _globals['_NICSAMPLE']._serialized_start=1248
+  _globals['_NICSAMPLE']._serialized_end=1320
+  _globals['_JOBSTATUS']._serialized_start=1323
+  _globals['_JOBSTATUS']._serialized_end=1451
+  _globals['_STARTJOB']._serialized_start=1454
+  _globals['_STARTJOB']._serialized_end=1754
+  _globals['_STARTJOB_RANKSENTRY']._serialized_start=1710
+  _globals['_STARTJOB_RANKSENTRY']._serialized_end=1754
+  _globals['_RECOVER']._serialized_start=1757
+  _globals['_RECOVER']._serialized_end=1989
+  _globals['_RECOVER_RANKSENTRY']._serialized_start=1710
+  _globals['_RECOVER_RANKSENTRY']._serialized_end=1754
+  _globals['_PLANUPDATE']._serialized_start=1991
+  _globals['_PLANUPDATE']._serialized_end=2067
+  _globals['_COMMAND']._serialized_start=2069
+  _globals['_COMMAND']._serialized_end=2167
+  _globals['_STRAGGLE']._serialized_start=2169
+  _globals['_STRAGGLE']._serialized_end=2228
+  _globals['_CANCELJOB']._serialized_start=2230
+  _globals['_CANCELJOB']._serialized_end=2257
+  _globals['_AGENTSERVICE']._serialized_start=2259
+  _globals['_AGENTSERVICE']._serialized_end=2340
 # @@protoc_insertion_point(module_scope)

@@ -19,14 +19,16 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("start_job", "plan", "command")
+    __slots__ = ("start_job", "plan", "command", "recover")
     START_JOB_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_FIELD_NUMBER: _ClassVar[int]
     start_job: StartJob
     plan: PlanUpdate
     command: Command
-    def __init__(self, start_job: _Optional[_Union[StartJob, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    recover: Recover
+    def __init__(self, start_job: _Optional[_Union[StartJob, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "devices", "nics", "agent_version", "jobs")
@@ -67,7 +69,7 @@ class Nic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +77,7 @@ class Telemetry(_message.Message):
     NICS_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_DEVICES_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
@@ -82,21 +85,26 @@ class Telemetry(_message.Message):
     nics: _containers.RepeatedCompositeFieldContainer[NicSample]
     migrations: _containers.RepeatedCompositeFieldContainer[Migration]
     progress: _state_pb2.Progress
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ...) -> None: ...
+    stalled_devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds")
+    __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds", "recovered_from", "steps_redone")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_FROM_FIELD_NUMBER: _ClassVar[int]
+    STEPS_REDONE_FIELD_NUMBER: _ClassVar[int]
     step: int
     plan_version: int
     bytes_moved: int
     blocks_moved: int
     seconds: float
-    def __init__(self, step: _Optional[int] = ..., plan_version: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., blocks_moved: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    recovered_from: str
+    steps_redone: int
+    def __init__(self, step: _Optional[int] = ..., plan_version: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., blocks_moved: _Optional[int] = ..., seconds: _Optional[float] = ..., recovered_from: _Optional[str] = ..., steps_redone: _Optional[int] = ...) -> None: ...
 
 class DeviceSample(_message.Message):
     __slots__ = ("device", "step", "compute_s_per_block", "p2p_wait_s", "grad_sync_s")
@@ -168,6 +176,31 @@ class StartJob(_message.Message):
     plan: _plan_pb2.Plan
     out_dir: str
     def __init__(self, job_id: _Optional[str] = ..., model_yaml: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Mapping[str, int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., plan_version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., out_dir: _Optional[str] = ...) -> None: ...
+
+class Recover(_message.Message):
+    __slots__ = ("job_id", "generation", "ranks", "master_addr", "master_port", "plan_version", "plan")
+    class RanksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    generation: int
+    ranks: _containers.ScalarMap[str, int]
+    master_addr: str
+    master_port: int
+    plan_version: int
+    plan: _plan_pb2.Plan
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., ranks: _Optional[_Mapping[str, int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., plan_version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class PlanUpdate(_message.Message):
     __slots__ = ("job_id", "version", "plan")
