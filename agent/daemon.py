@@ -154,6 +154,22 @@ class Agent:
                 self.jobs[start.job_id] = FailedHere(f"workers could not start on {self.node}: {exc}")
                 return
             log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
+        elif kind == "recover":
+            recover = message.recover
+            workers = self.jobs.get(recover.job_id)
+            if workers is not None:
+                world = {
+                    "generation": recover.generation,
+                    "init_method": f"tcp://{recover.master_addr}:{recover.master_port}",
+                    "ranks": dict(recover.ranks),
+                    "plan_version": recover.plan_version,
+                    "plan": plan_from_proto(recover.plan, "recover.plan").to_dict(),
+                }
+                try:
+                    workers.recover(world, dict(recover.ranks))
+                except OSError as exc:
+                    self._fail_here(recover.job_id, f"world {recover.generation} not handed on {self.node}: {exc}")
+                log.info("handed world %d of %s to its workers", recover.generation, recover.job_id)
         elif kind == "plan":
             workers = self.jobs.get(message.plan.job_id)
             if workers is not None:
@@ -225,12 +241,14 @@ class Agent:
                 bytes_moved=m["bytes_moved"],
                 blocks_moved=m["blocks_moved"],
                 seconds=m["seconds"],
+                recovered_from=m.get("recovered_from", ""),
+                steps_redone=m.get("steps_redone", 0),
             )
             for m in workers.new_migrations()
         ]
-        progress = workers.new_progress()
+        progress, stalled = workers.new_progress(), workers.stalled()
         now = time.time()
-        if samples or migrations or progress or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
+        if samples or migrations or progress or stalled or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
             self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
             out.append(
                 agent_pb2.AgentMessage(
@@ -242,6 +260,7 @@ class Agent:
                         nics=nics,
                         migrations=migrations,
                         progress=progress,
+                        stalled_devices=stalled,
                     )
                 )
             )

@@ -50,6 +50,12 @@ class FailedHere:
     def new_progress(self) -> dict | None:
         return None
 
+    def stalled(self) -> list[str]:
+        return []
+
+    def recover(self, world: dict, ranks: dict[str, int]) -> None:
+        pass
+
     def hand_plan(self, version: int, plan: Plan) -> None:
         pass
 
@@ -102,6 +108,7 @@ class JobWorkers:
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir
+            (self.out_dir / "telemetry" / f"worker-{rank}.error").unlink(missing_ok=True)
             args = WorkerArgs(
                 rank,
                 world,
@@ -119,6 +126,20 @@ class JobWorkers:
             self.procs[device] = proc
         self._offsets: dict[Path, int] = {}
         self.latest: dict[str, dict] = {}  # device -> its newest telemetry line
+
+    def recover(self, world: dict, ranks: dict[str, int]) -> None:
+        """A new world for the job's workers after a loss (recovery.py reads it from the inbox)."""
+        hosted = 0 in {r for d, r in ranks.items() if d.startswith(self.node + "/")}
+        if hosted and not self.hosts_rank0:  # rank 0's files are ours to tail from here on
+            for name in ("trace.jsonl", "migrations.jsonl", "eval.jsonl"):
+                path = self.out_dir / name
+                self._offsets[path] = path.stat().st_size if path.exists() else 0
+        self.hosts_rank0 = hosted
+        write_atomically(self.inbox / f"world-{world['generation']}.json", world)
+
+    def stalled(self) -> list[str]:
+        """Local devices whose workers lost a peer and wait for a new world."""
+        return [d for d in self.local if (self.inbox / f"stalled-{d.replace('/', '_')}.json").exists()]
 
     def hand_plan(self, version: int, plan: Plan) -> None:
         write_atomically(self.inbox / f"plan-{version}.json", plan.to_dict())
@@ -194,10 +215,17 @@ class JobWorkers:
         codes = {device: p.exitcode for device, p in self.procs.items()}
         failed = {d: c for d, c in codes.items() if c not in (None, 0)}
         if failed:
-            return "failed", ", ".join(f"worker {d} exited with {c}" for d, c in sorted(failed.items()))
+            return "failed", ", ".join(f"worker {d} exited with {c}{self._cause(d)}" for d, c in sorted(failed.items()))
         if all(c == 0 for c in codes.values()):
             return "completed", ""
         return "running", ""
+
+    def _cause(self, device: str) -> str:
+        error = self.out_dir / "telemetry" / f"worker-{self.local[device]}.error"
+        try:
+            return f" ({error.read_text()[:300]})" if error.exists() else ""
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -3,6 +3,7 @@ runs its job on, and what the system tests start."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,7 @@ class LocalCluster:
         self._log_files = []
         self.server = self._start_server(log_mode="w")
         self.agents: list[subprocess.Popen] = []
+        self.killed: set[int] = set()  # nodes killed on purpose (kill_node)
         try:
             for i in range(nodes):
                 self.agents.append(
@@ -81,6 +83,7 @@ class LocalCluster:
                         ],
                         f"agent-{i}.log",
                         "w",
+                        own_group=True,  # kill_node takes the agent with its workers
                     )
                 )
             self.stub = connect(self.target)
@@ -137,7 +140,7 @@ class LocalCluster:
 
     def stop(self) -> list[int | None]:
         """SIGTERM the agents, then the control plane; their exit codes in that order (None: had to be killed)."""
-        processes = self.agents + [self.server]
+        processes = [a for i, a in enumerate(self.agents) if i not in self.killed] + [self.server]
         for proc in processes:
             proc.send_signal(signal.SIGTERM)
         codes = []
@@ -153,7 +156,8 @@ class LocalCluster:
         return codes
 
     def _processes(self) -> list[tuple[str, subprocess.Popen]]:
-        return [("control plane", self.server)] + [(f"agent of node-{i}", a) for i, a in enumerate(self.agents)]
+        agents = [(f"agent of node-{i}", a) for i, a in enumerate(self.agents) if i not in self.killed]
+        return [("control plane", self.server)] + agents
 
     def _start_server(self, log_mode: str) -> subprocess.Popen:
         return self._start(
@@ -173,7 +177,17 @@ class LocalCluster:
             log_mode,
         )
 
-    def _start(self, args: list[str], log_name: str, log_mode: str) -> subprocess.Popen:
+    def _start(self, args: list[str], log_name: str, log_mode: str, own_group: bool = False) -> subprocess.Popen:
         log = open(self.logs / log_name, log_mode)
         self._log_files.append(log)
-        return subprocess.Popen(DROVER + args, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(DROVER + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+
+    def kill_node(self, index: int) -> None:
+        """Emulate a node failing: SIGKILL its agent and, with it, every worker it started."""
+        agent = self.agents[index]
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        agent.wait()
+        self.killed.add(index)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
+import time
 from pathlib import Path
 
 import click
+import grpc
 
 from drover.planner.wire import job_state_name
 
@@ -19,6 +22,17 @@ from .render import progress_line, table
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     return parse_slowdowns(values, param, "node-1/0=3@10")
+
+
+def _parse_kill(ctx, param, values) -> list[tuple[int, int]]:
+    out = []
+    for value in values:
+        node, at, step = value.partition("@")
+        index = node.removeprefix("node-")
+        if not at or not index.isdecimal() or not step.isdecimal():
+            raise click.BadParameter(f"{value!r}: expected NODE@STEP, e.g. node-1@10", param=param)
+        out.append((int(index), int(step)))
+    return out
 
 
 @click.command()
@@ -40,6 +54,14 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     help="Emulation: DEVICE becomes RATE times slower from STEP; repeatable.",
 )
 @click.option(
+    "--kill",
+    "kills",
+    multiple=True,
+    callback=_parse_kill,
+    metavar="NODE@STEP",
+    help="Fault emulation: SIGKILL NODE's agent and its workers once the job reaches STEP; repeatable.",
+)
+@click.option(
     "--out",
     "out_dir",
     default="out/up",
@@ -53,7 +75,9 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     "(default: here, or --out when it lies elsewhere).",
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
-def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str, data_root: str, resume) -> None:
+def up(
+    nodes: int, devices_per_node: int, job_file: str, straggles, kills, out_dir: str, data_root: str, resume
+) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
     root = Path(data_root).resolve() if data_root else Path.cwd() if out.is_relative_to(Path.cwd()) else out
@@ -70,6 +94,11 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
         )
         for device, rate, step in straggles:
             cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
+        for index, _ in kills:
+            if index >= nodes:
+                raise click.BadParameter(f"node-{index}: the cluster has node-0..node-{nodes - 1}", param_hint="--kill")
+        if kills:
+            threading.Thread(target=_kill_at_steps, args=(cluster, submitted.id, kills), daemon=True).start()
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
         click.echo(summary(out, job, [s[2] for s in straggles]))
@@ -77,6 +106,24 @@ def up(nodes: int, devices_per_node: int, job_file: str, straggles, out_dir: str
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
+
+
+def _kill_at_steps(cluster: LocalCluster, job_id: str, kills: list[tuple[int, int]]) -> None:
+    """Kill each node once the job's step reaches its STEP (polling the control plane)."""
+    pending = sorted(kills, key=lambda k: k[1])
+    while pending:
+        try:
+            job = cluster.job(job_id)
+        except grpc.RpcError:
+            time.sleep(0.2)
+            continue
+        if job_state_name(job.state) != "running":
+            return
+        while pending and job.step >= pending[0][1]:
+            index, step = pending.pop(0)
+            click.echo(f"  step {job.step:>4}  killing node-{index} (its agent and workers)")
+            cluster.kill_node(index)
+        time.sleep(0.05)
 
 
 def _follow(stub, job_id: str, out: Path) -> None:
@@ -127,6 +174,17 @@ def summary(out: Path, job, straggle_steps: list[int]) -> str:
             ", ".join(
                 f"step {m['step']}: {m['blocks_moved']} blocks, {m['bytes_moved']} bytes, {m['seconds']:.3f} s"
                 for m in migrations
+                if not m.get("recovered_from")
+            )
+            or "none"
+        ),
+        "recoveries: "
+        + (
+            ", ".join(
+                f"step {e['step']}: from {e['from']} in {e['seconds']:.1f} s, {e['steps_redone']} steps redone, "
+                f"{e['bytes_moved']} bytes"
+                for e in events
+                if e["kind"] == "recovered"
             )
             or "none"
         ),

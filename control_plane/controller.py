@@ -80,6 +80,8 @@ class RunningJob:
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
     heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
     progress: dict | None = None  # rank 0's newest step: loss, lr, tokens/s, validation loss
+    generation: int = 0  # the workers' world: 0 at the start, one more after each recovery
+    lost_at: float = 0.0  # when the newest loss was acted on (monotonic), for the recovered event
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -270,14 +272,72 @@ class ControlPlane:
             self._lost.pop(node).cancel()
         self._lost[node] = asyncio.create_task(self._give_up_on(node))
 
-    async def _give_up_on(self, node: str) -> None:
-        await asyncio.sleep(AGENT_GRACE_S)
+    async def _give_up_on(self, node: str, after_s: float = AGENT_GRACE_S) -> None:
+        """The node is lost: its jobs go on without it (recovery), or fail if nothing is left."""
+        await asyncio.sleep(after_s)
+        self._lost.pop(node, None)
         for job in list(self.jobs.values()):
             if node in job.nodes:
-                await self._event(job, "node_lost", {"node": node, "after_s": AGENT_GRACE_S})
-                await self._fail(
-                    job, f"node {node} stopped reporting; recovering from lost devices is not supported yet"
-                )
+                await self._event(job, "node_lost", {"node": node, "after_s": after_s})
+                await self._recover_job(job, {node})
+
+    async def _recover_job(self, job: RunningJob, lost_nodes: set[str]) -> None:
+        """Plan for the surviving devices and hand their workers a new world (agent Recover):
+        they keep their state, take lost parts from replicas or roll back to a checkpoint."""
+        survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
+        if not survivors:
+            await self._fail(job, f"node {', '.join(sorted(lost_nodes))} lost and no node of the job is left")
+            return
+        nodes = await self.store.query(
+            lambda s: [
+                (n, [d for d in queries.devices_of(s, n) if d.id in job.ranks], queries.nics_of(s, n))
+                for n in survivors
+            ]
+        )
+        cluster = planning.cluster_of([n for n in nodes if n[1]])
+        try:
+            plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
+        except ValueError as exc:  # the survivors cannot hold the model
+            await self._fail(job, f"node {', '.join(sorted(lost_nodes))} lost; the rest cannot run the job: {exc}")
+            return
+        devices = [d.id for d in cluster.devices]
+        ranks = {d: i for i, d in enumerate(devices)}
+        master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")
+        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + hash(job.id)) % 2000
+        lost_devices = [d for d in job.ranks if d not in ranks]
+        reason = f"recovery: {', '.join(sorted(lost_nodes))} lost"
+
+        def store(session):
+            row = queries.get_job(session, job.id)
+            row.ranks_json, row.master_addr, row.master_port = json.dumps(ranks), master_addr, port
+            return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
+
+        version = await self.store.write(store)
+        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, survivors
+        job.generation += 1
+        job.lost_at = time.monotonic()
+        for node in lost_nodes:
+            job.node_versions.pop(node, None)
+            job.node_states.pop(node, None)
+        for device in lost_devices:
+            job.detector.forget(device)
+            job.heard.pop(device, None)
+        await self._event(
+            job,
+            "recovery_started",
+            {"lost": sorted(lost_nodes), "devices": lost_devices, "plan_version": version, "world": job.generation},
+        )
+        recover = agent_pb2.Recover(
+            job_id=job.id,
+            generation=job.generation,
+            ranks=ranks,
+            master_addr=master_addr,
+            master_port=port,
+            plan_version=version,
+            plan=plan_to_proto(plan),
+        )
+        for node in survivors:
+            self.outboxes[node].put_nowait(agent_pb2.ControlMessage(recover=recover))
 
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
@@ -296,6 +356,15 @@ class ControlPlane:
                 )
         if job is not None:
             _check_version(job, message.active_plan_version, "telemetry.active_plan_version")
+        for i, device in enumerate(message.stalled_devices):
+            if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
+                raise PermissionDenied(f"telemetry.stalled_devices[{i}] = {device[:80]!r}: not a device of {node} here")
+        if job is not None and message.stalled_devices:
+            # Its workers lost a peer: a node of the job whose stream is gone is lost now, not
+            # after the grace period (a node still connected is given the grace).
+            for gone in [n for n in job.nodes if n not in self.outboxes and n in self._lost]:
+                self._lost.pop(gone).cancel()
+                self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
         if job is not None and message.HasField("progress"):
             if message.progress.step >= job.spec.steps:
                 raise InvalidArgument(
@@ -347,6 +416,20 @@ class ControlPlane:
             return
         for m in message.migrations:
             job.switched_at[m.plan_version] = m.step
+            if m.recovered_from:
+                await self._event(
+                    job,
+                    "recovered",
+                    {
+                        "from": m.recovered_from,
+                        "plan_version": m.plan_version,
+                        "steps_redone": m.steps_redone,
+                        "seconds": time.monotonic() - job.lost_at if job.lost_at else m.seconds,
+                        "bytes_moved": m.bytes_moved,
+                    },
+                    step=m.step,
+                )
+                continue
             await self._event(
                 job,
                 "migration_done",

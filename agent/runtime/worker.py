@@ -451,6 +451,11 @@ def worker_main(args: WorkerArgs) -> None:
         Worker(args, torch_device).run()
     except LeftOut as exc:  # not an error: the job goes on without this device
         log.info("%s", exc)
+    except Exception as exc:
+        # The cause, for the agent to report with the exit code (the traceback stays in its log).
+        error = Path(args.out_dir) / "telemetry" / f"worker-{args.rank}.error"
+        error.write_text(f"{type(exc).__name__}: {str(exc)[:400]}")
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -306,3 +306,50 @@ def test_a_real_corpus_trains_on_drover_up_and_its_validation_loss_falls(tmp_pat
     assert sorted(p.name for p in (tmp_path / "text" / "checkpoints").iterdir()) == ["step-00000050", "step-00000100"]
     drover("export", "text/checkpoints", "--out", "text/hf")
     assert (tmp_path / "text" / "hf" / "model.safetensors").exists()
+
+
+# Two layers and 8 micro-batches of 4: the planner lays one two-stage pipeline on each node, so
+# every part has a copy on both nodes.
+REPLICATED = {"name": "replicated", "layers": 2, "hidden": 64, "ffn_hidden": 256, "heads": 4, "seq_len": 32,
+              "vocab": 128, "global_batch": 32, "micro_batch": 4}  # fmt: skip
+
+
+@pytest.mark.parametrize("recovered_from", ["replicas", "checkpoint"])
+def test_a_node_killed_mid_job_is_survived_and_the_model_equals_the_reference(recovered_from, tmp_path):
+    """drover up --kill: node-1's agent and workers are SIGKILLed at step 6; node-0's workers
+    keep their state, join a new world and finish. From replicas (each node holds a whole
+    pipeline), or rolled back to the newest checkpoint (the tiny model's one pipeline spans
+    both nodes, so node-1 held the only copy of its blocks)."""
+    if recovered_from == "replicas":
+        job = {"name": "replicated", "model": REPLICATED, "steps": 16, "seed": 1}
+    else:
+        model = str(ROOT / "examples" / "models" / "tiny.yaml")
+        job = {"name": "tiny", "model": model, "steps": 16, "seed": 1, "checkpoint": {"dir": "ckpt", "every_steps": 4}}
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(json.dumps(job))
+    out = tmp_path / "out"
+    run = subprocess.run(
+        DROVER + ["up", "--job", str(job_file), "--kill", "node-1@6", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = events_of(out)
+    kinds = [e["kind"] for e in events]
+    assert "node_lost" in kinds and "recovery_started" in kinds and kinds[-1] == "job_completed"
+    (recovered,) = [e for e in events if e["kind"] == "recovered"]
+    assert recovered["from"] == recovered_from
+    steps = [json.loads(line)["step"] for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert recovered["steps_redone"] == len(steps) - len(set(steps))  # the trace has them twice
+    if recovered_from == "replicas":
+        assert recovered["steps_redone"] == 0
+    assert f"from {recovered_from}" in run.stdout  # the summary's recoveries line
+    assert_equals_reference(out, job_file, tmp_path)
+    reference = [json.loads(line)["loss"] for line in (tmp_path / "reference" / "trace.jsonl").read_text().splitlines()]
+    last = {}
+    for line in (out / "trace.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        last[row["step"]] = row["loss"]  # a step run again after a rollback: its later line
+    assert [last[s] for s in range(16)] == pytest.approx(reference, rel=1e-5)
