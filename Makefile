@@ -16,6 +16,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/migration.py
+	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/ingest.py

@@ -22,8 +22,10 @@ by every worker, to the same step.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +93,27 @@ def newest_world(inbox: Path, after: int) -> World | None:
         return None
     _, path = max(found)
     return world_from_dict(json.loads(path.read_text()), str(path))
+
+
+def world_store(world: World, device: str, timeout_s: float):
+    """The new world's rendezvous store. Rank 0 serves it; the others first wait for it to
+    listen, polling every 10 ms: c10d's own client backs off for up to a second when it comes
+    early, and after a loss every survivor comes early."""
+    import torch.distributed as dist
+
+    host, port = world.init_method.removeprefix("tcp://").rsplit(":", 1)
+    rank, timeout = world.ranks[device], datetime.timedelta(seconds=timeout_s)
+    if rank != 0:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timed out: no rendezvous at {host}:{port}") from None
+                time.sleep(0.01)
+    return dist.TCPStore(host, int(port), world.size, rank == 0, timeout=timeout, wait_for_workers=False)
 
 
 def wait_for_world(inbox: Path, after: int, timeout_s: float, poll_s: float = 0.05) -> World:

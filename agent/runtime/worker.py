@@ -45,7 +45,7 @@ from .migration import migrate, summarize
 from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import empty_part, warm_up
-from .recovery import World, peer_lost, wait_for_world
+from .recovery import World, peer_lost, wait_for_world, world_store
 from .schedule import Stats, run_stage
 from .tensor_parallel import WaitClock, join_group, split_dim
 
@@ -197,7 +197,7 @@ class Worker:
             try:
                 dist.init_process_group(
                     "nccl" if self.torch_device.type == "cuda" else "gloo",
-                    init_method=world.init_method,
+                    store=world_store(world, self.device_id, COLLECTIVE_TIMEOUT_S),
                     rank=world.ranks[self.device_id],
                     world_size=world.size,
                     timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
