@@ -121,6 +121,9 @@ class ControlPlane:
         self.hosts: dict[str, str] = {}  # node -> the address its agent connects from
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
+        self.pending: list[str] = []  # jobs waiting for devices, oldest first
+        self._placing = asyncio.Lock()
+        self._background: set[asyncio.Task] = set()
         self.flusher: asyncio.Task | None = None
         self._saved_steps: dict[str, int] = {}  # job -> step last written
         self._saved_progress: dict[str, dict | None] = {}  # job -> progress last written
@@ -134,6 +137,7 @@ class ControlPlane:
         def load(session):
             for node in queries.nodes(session):
                 node.connected = False  # until its agent says hello again
+            self.pending = [job.id for job in queries.jobs(session) if job.state == "pending"]
             return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session) if job.state == "running"]
 
         for job, plan_row in await self.store.write(load):
@@ -163,6 +167,7 @@ class ControlPlane:
     async def close(self) -> None:
         """Stop the background work, write what is buffered, close the store."""
         tasks = [self.flusher] + [j.reconciler for j in self.jobs.values()] + list(self._lost.values())
+        tasks += list(self._background)
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -237,6 +242,7 @@ class ControlPlane:
             self._lost.pop(hello.node).cancel()
         try:
             await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
+            self.place_pending_soon()  # a waiting job may fit now
             running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
             for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
                 await self.status(hello.node, ended)  # it may have ended while we were away
@@ -469,44 +475,113 @@ class ControlPlane:
     async def submit(self, job_yaml: str, out_dir: str) -> Job:
         spec = job_from_wire(job_yaml, "job_yaml")
         out_dir = check_out_dir(out_dir)
-        nodes = await self.store.query(
-            lambda s: [
-                (n.name, queries.devices_of(s, n.name), queries.nics_of(s, n.name))
-                for n in queries.nodes(s)
-                if n.connected and not n.drained and n.name in self.outboxes
-            ]
-        )
-        nodes = _within(MAX_JOB_DEVICES, [n for n in nodes if n[1]])
-        if not nodes:
-            raise FailedPrecondition("no connected, undrained node with devices: start agents first")
-        cluster = planning.cluster_of(nodes)
-        plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
-        devices = [d.id for d in cluster.devices]
-        ranks = {d: i for i, d in enumerate(devices)}
         job_id = f"job-{int(time.time() * 1000) % 10**10}{secrets.randbelow(100):02d}"  # unique, and a number
         out = out_dir or f"jobs/{job_id}"  # relative: each agent resolves it inside its data root
         model_yaml = json.dumps(spec.wire_dict())  # a restarted control plane reads it back
-        master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
-        # On this machine a free port is known; elsewhere take one per job from a fixed range.
-        port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
+        async with self._placing:  # one placement at a time: two jobs never get the same device
+            if not any(self.outboxes):
+                raise FailedPrecondition("no connected, undrained node with devices: start agents first")
+            nodes, reason = await self._placement(spec)
+            return await self._create(job_id, spec, model_yaml, out, nodes, reason)
+
+    async def _create(self, job_id, spec: JobSpec, model_yaml: str, out: str, nodes, reason: str) -> Job:
 
         def create(session):
             session.add(
                 Job(
                     id=job_id,
-                    state="running",
+                    state="pending",
                     model_yaml=model_yaml,
                     model_name=spec.model.name,
                     steps=spec.steps,
                     seed=spec.seed,
                     out_dir=out,
                     created=time.time(),
-                    ranks_json=json.dumps(ranks),
-                    master_addr=master_addr,
-                    master_port=port,
+                    detail=reason if nodes is None else "",
                 )
             )
             session.flush()
+            if nodes is None:
+                queries.add_event(session, job_id, 0, "job_pending", {"reason": reason})
+            return queries.get_job(session, job_id)
+
+        row = await self.store.write(create)
+        if nodes is None:
+            self.pending.append(job_id)
+            self.new_events.set()
+            return row
+        return await self._start(job_id, spec, out, nodes)
+
+    async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:
+        """The nodes and devices a job gets now, as (name, devices, nics); or None and why not.
+        A device belongs to at most one running job; drained and disconnected nodes get none."""
+        taken = {d for job in self.jobs.values() for d in job.ranks}
+        nodes = await self.store.query(
+            lambda s: [
+                (n.name, [d for d in queries.devices_of(s, n.name) if d.id not in taken], queries.nics_of(s, n.name))
+                for n in queries.nodes(s)
+                if n.connected and not n.drained and n.name in self.outboxes
+            ]
+        )
+        free = [n for n in nodes if n[1]]
+        wanted = spec.resources
+        if wanted.nodes:
+            whole = [n for n in free if n[0] not in {d.split("/")[0] for d in taken}]
+            if len(whole) < wanted.nodes:
+                return None, f"waiting for {wanted.nodes} free nodes ({len(whole)} free now)"
+            return _within(MAX_JOB_DEVICES, whole[: wanted.nodes]), ""
+        if wanted.devices:
+            picked, count = [], 0
+            for name, devices, nics in sorted(free, key=lambda n: -len(n[1])):  # fewest nodes
+                if count >= wanted.devices:
+                    break
+                take = devices[: wanted.devices - count]
+                picked.append((name, take, nics))
+                count += len(take)
+            if count < wanted.devices:
+                return None, f"waiting for {wanted.devices} free devices ({count} free now)"
+            return _within(MAX_JOB_DEVICES, picked), ""
+        if not free:
+            return None, "waiting for a free device: every connected device runs another job"
+        return _within(MAX_JOB_DEVICES, free), ""
+
+    def place_pending_soon(self) -> None:
+        if self.pending:
+            task = asyncio.create_task(self.place_pending(), name="place pending jobs")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def place_pending(self) -> None:
+        """Start waiting jobs, oldest first, on what is free now (after a node joins, a job
+        ends or a node is undrained)."""
+        async with self._placing:
+            await self._place_pending()
+
+    async def _place_pending(self) -> None:
+        for job_id in list(self.pending):
+            row = await self.store.query(lambda s, j=job_id: queries.get_job(s, j))
+            spec = job_from_wire(row.model_yaml, f"job {job_id}")
+            nodes, reason = await self._placement(spec)
+            if nodes is None:
+                if reason != row.detail:
+                    await self.store.write(lambda s, j=job_id, r=reason: setattr(queries.get_job(s, j), "detail", r))
+                continue
+            self.pending.remove(job_id)
+            await self._start(job_id, spec, row.out_dir, nodes)
+
+    async def _start(self, job_id: str, spec: JobSpec, out: str, nodes: list) -> Job:
+        cluster = planning.cluster_of(nodes)
+        plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
+        devices = [d.id for d in cluster.devices]
+        ranks = {d: i for i, d in enumerate(devices)}
+        master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
+        # On this machine a free port is known; elsewhere take one per job from a fixed range.
+        port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
+
+        def place(session):
+            row = queries.get_job(session, job_id)
+            row.state, row.detail, row.ranks_json = "running", "", json.dumps(ranks)
+            row.master_addr, row.master_port = master_addr, port
             queries.add_plan(session, job_id, plan.to_dict(), "initial plan", {})
             queries.add_event(
                 session,
@@ -515,9 +590,9 @@ class ControlPlane:
                 "job_started",
                 {"nodes": [n for n, _, _ in nodes], "devices": devices, "plan_version": 1},
             )
-            return queries.get_job(session, job_id)
+            return row
 
-        job_row = await self.store.write(create)
+        job_row = await self.store.write(place)
         job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings))
         self._track(job)
         start = agent_pb2.StartJob(
@@ -542,6 +617,18 @@ class ControlPlane:
         return job_row
 
     async def cancel(self, job_id: str) -> Job:
+        if job_id in self.pending:
+            self.pending.remove(job_id)
+
+            def cancelled(session):
+                row = queries.get_job(session, job_id)
+                row.state, row.detail = "cancelled", "cancelled by request while pending"
+                queries.add_event(session, job_id, 0, "job_cancelled", {})
+                return row
+
+            row = await self.store.write(cancelled)
+            self.new_events.set()
+            return row
         job = self.jobs.get(job_id)
         if job is not None:
             self._cancel_workers(job)
@@ -579,7 +666,10 @@ class ControlPlane:
             row.drained = drained
             return row
 
-        return await self.store.write(update)
+        row = await self.store.write(update)
+        if not drained:
+            self.place_pending_soon()
+        return row
 
     async def _running(self, job_id: str) -> RunningJob:
         if job_id not in self.jobs:
@@ -711,7 +801,9 @@ class ControlPlane:
             queries.set_progress(session, job.id, job.progress)
             return row
 
-        return await self.store.write(update)
+        row = await self.store.write(update)
+        self.place_pending_soon()  # its devices are free now
+        return row
 
     async def _event(
         self, job: RunningJob, kind: str, details: dict, step: int | None = None, ending: bool = False

@@ -25,10 +25,22 @@ MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What a job asks for: whole nodes, or a number of devices; neither: every free device."""
+
+    nodes: int = 0
+    devices: int = 0
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in (("nodes", self.nodes), ("devices", self.devices)) if v}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: ModelSpec
     model_data: dict
     training: Training
+    resources: Resources = Resources()
 
     @property
     def steps(self) -> int:
@@ -40,11 +52,12 @@ class JobSpec:
 
     def wire_dict(self) -> dict:
         """The job as job_from_wire reads it back: the model inline, everything else as given."""
-        return {"model": self.model_data} | self.training.to_dict()
+        resources = {"resources": self.resources.to_dict()} if self.resources.to_dict() else {}
+        return {"model": self.model_data} | self.training.to_dict() | resources
 
     def workers_json(self) -> str:
         """What StartJob.model_yaml carries to the agents (agent/supervisor.py's worker_job reads it)."""
-        return json.dumps(self.wire_dict())
+        return json.dumps({"model": self.model_data} | self.training.to_dict())
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -70,7 +83,7 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
 
 def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     f = Fields(data, source)
-    f.reject_unknown({"name", "model"} | TRAINING_KEYS)
+    f.reject_unknown({"name", "model", "resources"} | TRAINING_KEYS)
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
@@ -83,7 +96,15 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
         raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
     else:
         raise f.error("model", raw_model, "a model file path (relative to the job file) or the model inline")
-    return JobSpec(model, model_data, training_from_job(f))
+    resources = Resources()
+    if "resources" in f.data:
+        r = f.mapping("resources")
+        r.reject_unknown({"nodes", "devices"})
+        if len(r.data) != 1:
+            raise f.error("resources", r.data, "one of {nodes: N} or {devices: N}")
+        nodes = r.integer("nodes", maximum=65536) if "nodes" in r.data else 0
+        resources = Resources(nodes, r.integer("devices", maximum=1 << 20) if "devices" in r.data else 0)
+    return JobSpec(model, model_data, training_from_job(f), resources)
 
 
 def load_job(path: str | Path) -> JobSpec:

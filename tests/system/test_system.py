@@ -219,8 +219,10 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     assert points and all(p["compute_s_per_block"] > 0 for p in points)
     assert run_cli(c, "detect", "pause", token="admin").returncode == 0
     assert run_cli(c, "node", "drain", "node-0").returncode == 0
-    refused = run_cli(c, "job", "submit", str(job_file))
-    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr  # the only node is drained
+    queued = json.loads(run_cli(c, "job", "submit", str(job_file), "--json").stdout)  # the only node is drained
+    assert queued["state"] == "JOB_STATE_PENDING" and "waiting for a free device" in queued["detail"]
+    assert "pending" in run_cli(c, "job", "status", queued["id"]).stdout
+    assert run_cli(c, "job", "cancel", queued["id"]).returncode == 0
     assert run_cli(c, "node", "undrain", "node-0").returncode == 0
     missing = run_cli(c, "job", "status", "job-nope")
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64rover/v1/state.proto\x12\tdrover.v1\"\x95\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\n\n\x02lr\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x15\n\x08val_loss\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08val_step\x18\x07 \x01(\x03\x42\x0b\n\t_val_loss*\x84\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04\x42\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64rover/v1/state.proto\x12\tdrover.v1\"\x95\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\n\n\x02lr\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x15\n\x08val_loss\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08val_step\x18\x07 \x01(\x03\x42\x0b\n\t_val_loss*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04\x12\x15\n\x11JOB_STATE_PENDING\x10\x05\x42\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\035drover.dev/drover/v1;droverv1'
   _globals['_JOBSTATE']._serialized_start=189
-  _globals['_JOBSTATE']._serialized_end=321
+  _globals['_JOBSTATE']._serialized_end=344
   _globals['_PROGRESS']._serialized_start=37
   _globals['_PROGRESS']._serialized_end=186
 # @@protoc_insertion_point(module_scope)

@@ -12,11 +12,13 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_COMPLETED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_RUNNING: JobState
 JOB_STATE_COMPLETED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+JOB_STATE_PENDING: JobState
 
 class Progress(_message.Message):
     __slots__ = ("step", "loss", "lr", "tokens_per_s", "samples_per_s", "val_loss", "val_step")

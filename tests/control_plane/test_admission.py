@@ -1,0 +1,86 @@
+"""Admission over real gRPC and SQLite: a device belongs to at most one running
+job; a job that cannot be placed waits (PENDING, with the reason) and starts,
+oldest first, when devices free up or a node joins; it asks for nodes or
+devices, and drained nodes get none."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from drover.v1 import jobs_pb2, state_pb2
+
+from support import TINY_JOB, eventually
+
+
+def asking(resources: str) -> str:
+    return TINY_JOB + f"resources: {resources}\n"
+
+
+async def state_of(plane, job_id: str) -> jobs_pb2.Job:
+    return await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+
+
+async def test_jobs_never_share_a_device_and_the_third_waits(plane):
+    first, second = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    a = await plane.submit(asking("{nodes: 1}"))
+    b = await plane.submit(asking("{nodes: 1}"))
+    starts = {}
+    for agent in (first, second):
+        start = (await agent.receive()).start_job
+        starts[start.job_id] = set(start.ranks)
+    assert set(starts) == {a.id, b.id} and not starts[a.id] & starts[b.id]
+    waiting = await plane.submit()  # every free device: there are none
+    assert waiting.state == state_pb2.JOB_STATE_PENDING and "waiting for a free device" in waiting.detail
+    pending = await state_of(plane, waiting.id)
+    assert pending.state == state_pb2.JOB_STATE_PENDING and not pending.HasField("progress")
+
+    await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=a.id))  # its node frees up
+    freed = first if "node-0/0" in starts[a.id] else second
+    message = await freed.receive()
+    while message.WhichOneof("body") != "start_job":  # the cancel of a comes first
+        message = await freed.receive()
+    assert message.start_job.job_id == waiting.id and set(message.start_job.ranks) == starts[a.id]
+    started = await eventually(lambda: _running(plane, waiting.id), what="the waiting job to run")
+    assert started.detail == ""
+
+
+async def _running(plane, job_id):
+    job = await state_of(plane, job_id)
+    return job if job.state == state_pb2.JOB_STATE_RUNNING else None
+
+
+async def test_a_job_waits_for_the_devices_it_asks_for_until_a_node_joins(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit(asking("{devices: 3}"))
+    assert job.state == state_pb2.JOB_STATE_PENDING and "waiting for 3 free devices (2 free now)" in job.detail
+    newcomer = plane.agent("node-1")
+    start = (await newcomer.receive()).start_job
+    assert start.job_id == job.id and len(start.ranks) == 3
+    assert (await eventually(lambda: _running(plane, job.id), what="running")).state == state_pb2.JOB_STATE_RUNNING
+
+
+async def test_drained_nodes_get_no_job_and_pending_jobs_can_be_cancelled(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    await plane.jobs.DrainNode(jobs_pb2.NodeRequest(node="node-0"))
+    job = await plane.submit()
+    assert job.state == state_pb2.JOB_STATE_PENDING
+    cancelled = await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+    assert cancelled.state == state_pb2.JOB_STATE_CANCELLED
+    await plane.jobs.UndrainNode(jobs_pb2.NodeRequest(node="node-0"))
+    assert (await state_of(plane, job.id)).state == state_pb2.JOB_STATE_CANCELLED  # not started after all
+
+
+@pytest.mark.parametrize(
+    "resources, fragment",
+    [("{nodes: 0}", "'resources.nodes' = 0"), ("{gpus: 2}", "'resources.gpus'"), ("{nodes: 1, devices: 2}", "one of")],
+)
+async def test_bad_resources_are_invalid(plane, resources, fragment):
+    plane.agent("node-0")
+    await plane.connected(1)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await plane.submit(asking(resources))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
