@@ -82,6 +82,7 @@ class RunningJob:
     progress: dict | None = None  # rank 0's newest step: loss, lr, tokens/s, validation loss
     generation: int = 0  # the workers' world: 0 at the start, one more after each recovery
     lost_at: float = 0.0  # when the newest loss was acted on (monotonic), for the recovered event
+    recovered_at: list[int] = field(default_factory=list)  # the step of each recovery
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -291,6 +292,16 @@ class ControlPlane:
         """Plan for the surviving devices and hand their workers a new world (agent Recover):
         they keep their state, take lost parts from replicas or roll back to a checkpoint."""
         survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
+        limit = job.spec.recoveries
+        job.recovered_at = [s for s in job.recovered_at if s > job.step - limit.within_steps]
+        if len(job.recovered_at) >= limit.max:
+            await self._fail(
+                job,
+                f"node {', '.join(sorted(lost_nodes))} lost: a recovery more than the {limit.max} allowed "
+                f"within {limit.within_steps} steps (recoveries in the job file)",
+            )
+            return
+        job.recovered_at.append(job.step)
         if not survivors:
             await self._fail(job, f"node {', '.join(sorted(lost_nodes))} lost and no node of the job is left")
             return

@@ -36,11 +36,21 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Recoveries:
+    """How many losses a job survives: at most `max` recoveries within `within_steps` steps;
+    one more fails it (something is wrong beyond a failing device)."""
+
+    max: int = 3
+    within_steps: int = 1000
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: ModelSpec
     model_data: dict
     training: Training
     resources: Resources = Resources()
+    recoveries: Recoveries = Recoveries()
 
     @property
     def steps(self) -> int:
@@ -53,7 +63,8 @@ class JobSpec:
     def wire_dict(self) -> dict:
         """The job as job_from_wire reads it back: the model inline, everything else as given."""
         resources = {"resources": self.resources.to_dict()} if self.resources.to_dict() else {}
-        return {"model": self.model_data} | self.training.to_dict() | resources
+        recoveries = {"recoveries": {"max": self.recoveries.max, "within_steps": self.recoveries.within_steps}}
+        return {"model": self.model_data} | self.training.to_dict() | resources | recoveries
 
     def workers_json(self) -> str:
         """What StartJob.model_yaml carries to the agents (agent/supervisor.py's worker_job reads it)."""
@@ -83,7 +94,7 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
 
 def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     f = Fields(data, source)
-    f.reject_unknown({"name", "model", "resources"} | TRAINING_KEYS)
+    f.reject_unknown({"name", "model", "resources", "recoveries"} | TRAINING_KEYS)
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
@@ -104,7 +115,12 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
             raise f.error("resources", r.data, "one of {nodes: N} or {devices: N}")
         nodes = r.integer("nodes", maximum=65536) if "nodes" in r.data else 0
         resources = Resources(nodes, r.integer("devices", maximum=1 << 20) if "devices" in r.data else 0)
-    return JobSpec(model, model_data, training_from_job(f), resources)
+    recoveries = Recoveries()
+    if "recoveries" in f.data:
+        r = f.mapping("recoveries")
+        r.reject_unknown({"max", "within_steps"})
+        recoveries = Recoveries(r.integer("max", 3, minimum=0, maximum=1000), r.integer("within_steps", 1000))
+    return JobSpec(model, model_data, training_from_job(f), resources, recoveries)
 
 
 def load_job(path: str | Path) -> JobSpec:

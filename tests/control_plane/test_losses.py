@@ -1,0 +1,83 @@
+"""A lost node, as the control plane sees it over real gRPC and SQLite: when the
+survivors' workers report a lost peer and the node's stream is gone, the job
+is replanned for the survivors at once and their agents get a new world;
+recoveries beyond the job's limit fail it; a job with nobody left fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+from drover.v1 import agent_pb2, jobs_pb2, state_pb2
+
+from support import TINY_JOB, eventually
+
+
+async def started_on_two_nodes(plane, job_yaml=TINY_JOB):
+    survivor, doomed = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit(job_yaml)
+    for agent in (survivor, doomed):
+        assert (await agent.receive()).start_job.job_id == job.id
+    doomed.call.cancel()  # the node is gone: its stream ends
+    await eventually(lambda: "node-1" not in plane.cp.outboxes, what="node-1's stream to end")
+    return job, survivor
+
+
+def stalled(agent, job_id: str) -> None:
+    agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job_id, stalled_devices=["node-0/0", "node-0/1"]))
+
+
+async def test_stalled_survivors_get_a_new_world_at_once(plane):
+    job, survivor = await started_on_two_nodes(plane)
+    stalled(survivor, job.id)
+    recover = (await survivor.receive(timeout_s=5.0)).recover  # well before the 15 s grace
+    assert recover.job_id == job.id and recover.generation == 1
+    assert dict(recover.ranks) == {"node-0/0": 0, "node-0/1": 1} and recover.plan_version == 2
+    devices = {d for p in recover.plan.pipelines for s in p.stages for d in s.devices}
+    assert devices == {"node-0/0", "node-0/1"}
+    events = [e.kind for e in await plane.events(job.id)]
+    assert "node_lost" in events and "recovery_started" in events
+    plans = await plane.jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id))
+    assert [p.reason for p in plans.plans][-1] == "recovery: node-1 lost"
+    # The agent of the new rank 0 reports the recovery like a migration: the recovered event.
+    survivor.send(
+        telemetry=agent_pb2.Telemetry(
+            time=2.0,
+            job_id=job.id,
+            active_plan_version=2,
+            migrations=[
+                agent_pb2.Migration(step=5, plan_version=2, bytes_moved=10, recovered_from="replicas", seconds=0.3)
+            ],
+        )
+    )
+
+    async def recovered():
+        return [e for e in await plane.events(job.id) if e.kind == "recovered"]
+
+    (event,) = await eventually(recovered, what="the recovered event")
+    assert '"from": "replicas"' in event.details_json and event.step == 5
+
+
+async def test_a_recovery_beyond_the_limit_fails_the_job(plane):
+    job, survivor = await started_on_two_nodes(plane, TINY_JOB + "recoveries: {max: 0}\n")
+    stalled(survivor, job.id)
+
+    async def failed():
+        got = await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+        return got if got.state == state_pb2.JOB_STATE_FAILED else None
+
+    ended = await eventually(failed, what="the job to fail")
+    assert "more than the 0 allowed within 1000 steps" in ended.detail
+    message = await survivor.receive()
+    assert message.WhichOneof("body") == "command" and message.command.cancel.job_id == job.id
+
+
+async def test_a_node_still_connected_is_given_its_grace(plane):
+    survivor, other = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit()
+    for agent in (survivor, other):
+        await agent.receive()
+    stalled(survivor, job.id)  # both streams are up: nobody is lost yet
+    await asyncio.sleep(0.5)
+    assert "recovery_started" not in [e.kind for e in await plane.events(job.id)]
