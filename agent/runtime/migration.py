@@ -57,6 +57,7 @@ def migrate(
     state: dict,
     origin: Callable[[layout.Part], torch.nn.Module],
     device: torch.device,
+    fault: Callable[[], None] | None = None,
 ) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
     (None: no role in the new plan, so it holds nothing). `before` is what every worker holds
@@ -66,7 +67,7 @@ def migrate(
         received, out, old_shards = {}, Migrated({}, {}), {}
     else:
         moves = layout.transfers_between(before, layout.holdings(new_plan, ranks, cfg.layers), cfg.layers)
-        received, moved_bytes, moved_blocks = _exchange(moves, rank, parts, state, cfg, device)
+        received, moved_bytes, moved_blocks = _exchange(moves, rank, parts, state, cfg, device, fault)
         out = Migrated({}, {}, moved_bytes, moved_blocks)
         old_shards = before
     for part in role.parts if role else []:
@@ -86,7 +87,7 @@ def migrate(
 
 
 def _exchange(
-    moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig, device: torch.device
+    moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig, device: torch.device, fault=None
 ) -> tuple[dict, int, int]:
     """Send and receive this worker's moves. Returns part -> {(t, r): (params, state)} of the
     shards it is to build its parts from (its own included where it re-slices one it keeps),
@@ -96,6 +97,8 @@ def _exchange(
         if move.src == rank != move.dst:
             buf = pack(parts[move.part], state[move.part])
             outgoing.append((dist.isend(buf, move.dst, tag=SWITCH_TAG + index), buf))
+    if fault:  # emulation: lost with its sends posted, some received and some not
+        fault()
     received = defaultdict(dict)
     moved_bytes, moved_blocks = 0, 0
     for index, move in enumerate(moves):

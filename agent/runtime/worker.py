@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,11 @@ from .tensor_parallel import WaitClock, join_group, split_dim
 COLLECTIVE_TIMEOUT_S = 300
 _HELD = object()  # _switch's default: what the current plan holds
 log = logging.getLogger("drover.worker")
+
+
+def _die() -> None:
+    """Emulation (die-DEVICE.json in the inbox): a device lost in the middle of a switch."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LeftOut(Exception):
@@ -98,6 +104,8 @@ class Worker:
         self.state: dict[layout.Part, dict[str, dict[str, torch.Tensor]]] = {}
         self.world, self.generation = args.world, 0  # world size; generation of the world (0: the first)
         self.committed, self.pending = 0, None  # steps done; a step whose gradients await its vote
+        self.previous: tuple | None = None  # what was held before a switch in the uncommitted step
+        self.die_at_switch = False  # emulation: SIGKILL this worker in the middle of its next switch
         self.filling = False  # parts are being filled from a checkpoint
         self.outputs: dict[str, object] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
@@ -155,7 +163,7 @@ class Worker:
         dist.all_reduce(loss)  # the vote: whoever completes it commits the step
         if self.rank in self.roles:
             self._update(step)
-        self.pending, self.committed = None, step + 1
+        self.pending, self.committed, self.previous = None, step + 1, None
         elapsed = time.perf_counter() - started
         if self.rank == 0:
             row = {
@@ -238,7 +246,11 @@ class Worker:
             self.committed = newest
         elif newest != self.committed:
             raise RuntimeError(f"{self.device_id} is at step {self.committed}, the world at {newest}: cannot recover")
-        self.pending = None
+        elif self.previous is not None:
+            # Nobody committed this step, so a switch begun in it may have finished on some workers
+            # and not on others: all go back to what they held before it, unchanged since.
+            self.plan, self.version, self.parts, self.state, self.roles, self.norm_parts = self.previous
+        self.pending, self.previous = None, None
         for module in self.parts.values():
             for p in module.parameters():
                 p.grad = None
@@ -306,6 +318,8 @@ class Worker:
             version = int(match.group(1)) if match else 0
             if match and version not in self.received:  # agents write these atomically (rename)
                 self.received[version] = plan_from_dict(json.loads(path.read_text()), str(path))
+        if (inbox / f"die-{self.device_id.replace('/', '_')}.json").exists():
+            self.die_at_switch = True
         slow = inbox / f"slow-{self.device_id.replace('/', '_')}.json"
         if slow.exists():
             wanted = json.loads(slow.read_text())
@@ -362,6 +376,8 @@ class Worker:
         checkpoint that fills every part instead (the job's resume, or a rollback); `started`:
         when the switch began, for its record (a recovery: when the loss was noticed)."""
         started = time.perf_counter() if started is None else started
+        if self.previous is None:
+            self.previous = (self.plan, self.version, self.parts, self.state, self.roles, self.norm_parts)
         new_plan = self.received[version]
         self.roles = layout.roles(new_plan, self.ranks)
         self.norm_parts = layout.norm_parts(new_plan, self.ranks, self.rank)
@@ -382,8 +398,12 @@ class Worker:
             self.state,
             self._origin,
             self.torch_device,
+            fault=_die if self.die_at_switch else None,
         )
         self.parts, self.state = migrated.parts, migrated.state
+        # Everyone alive and here before groups are made: new_group waits on the rendezvous store,
+        # where a lost peer is only noticed at the timeout, while a collective notices at once.
+        dist.barrier()
         self._build_groups(new_plan)
         if fill_from is not None:
             args = (self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device)

@@ -24,7 +24,7 @@ from drover.planner.model import load_model
 from drover.planner.ports import free_port
 from drover.planner.training import Checkpointing, Optimizer, Schedule, Training
 
-from support import DP2_PP2, ROOT, local_plan, trace
+from support import DP2_PP2, ROOT, UNEVEN, local_plan, trace
 
 STEPS, SEED = 10, 3
 TRAINING = Training(STEPS, SEED, Optimizer(clip_norm=0.5), Schedule(2, "cosine", 1e-4))
@@ -45,13 +45,14 @@ def reference(spec, tmp_path_factory):
     return out
 
 
-def start(spec, plan, training, out: Path, inbox: Path, slow_device: int):
+def start(spec, plan, training, out: Path, inbox: Path, slow_device: int, switches=()):
     init = f"tcp://127.0.0.1:{free_port()}"
     ctx = worker_context()
     procs = {}
+    plans = [(0, plan), *switches]
     for rank in range(4):
         slow = (8.0, 0) if rank == slow_device else None  # slowed, so there is time to kill mid-run
-        args = WorkerArgs(rank, 4, init, spec, training, [(0, plan)], str(out), str(out.parent), slow, inbox=str(inbox))
+        args = WorkerArgs(rank, 4, init, spec, training, plans, str(out), str(out.parent), slow, inbox=str(inbox))
         procs[rank] = ctx.Process(target=worker_main, args=(args,), name=f"worker-{rank}")
         procs[rank].start()
     return procs
@@ -118,6 +119,26 @@ def test_a_killed_worker_with_the_only_copy_rolls_back_to_the_checkpoint(spec, r
     assert len(steps) > len(set(steps)), "rolled back: some steps were run twice"
     (record,) = records(out)
     assert record["recovered_from"] == "checkpoint" and record["steps_redone"] == len(steps) - len(set(steps))
+
+
+def test_a_worker_lost_in_the_middle_of_a_live_switch_is_recovered_from_replicas(spec, reference, tmp_path):
+    """DP2-PP2 switching to UNEVEN at step 3, where local/3 is the source of block 2 for
+    local/2: local/3 dies with its sends posted (die-local_3.json, emulation). Whatever each
+    survivor got of the switch, none of them committed step 3, so all go back to what they
+    held before it and recover from the replicas of DP2-PP2."""
+    inbox, out = tmp_path / "inbox", tmp_path / "run"
+    inbox.mkdir()
+    out.mkdir()
+    (inbox / "die-local_3.json").write_text("{}")
+    procs = start(spec, DP2_PP2, TRAINING, out, inbox, slow_device=1, switches=[(3, UNEVEN)])
+    procs[3].join(60)
+    assert procs[3].exitcode == -signal.SIGKILL
+    assert [row["step"] for row in trace(out)] == [0, 1, 2]  # it died in step 3's switch
+    new_world(inbox, [0, 1, 2], SURVIVORS_012)
+    join_all(procs, [0, 1, 2])
+    assert_reference_model(out, reference)
+    (record,) = records(out)
+    assert record["recovered_from"] == "replicas" and record["step"] == 3
 
 
 def records(out: Path) -> list[dict]:
