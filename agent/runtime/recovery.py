@@ -95,14 +95,15 @@ def newest_world(inbox: Path, after: int) -> World | None:
     return world_from_dict(json.loads(path.read_text()), str(path))
 
 
-def world_store(world: World, device: str, timeout_s: float):
-    """The new world's rendezvous store. Rank 0 serves it; the others first wait for it to
-    listen, polling every 10 ms: c10d's own client backs off for up to a second when it comes
-    early, and after a loss every survivor comes early."""
+def rendezvous_store(init_method: str, rank: int, size: int, timeout_s: float):
+    """A world's rendezvous store at tcp://HOST:PORT. Rank 0 serves it; the others first wait
+    for it to listen, polling every 10 ms: c10d's own client backs off for up to a second when
+    it comes early, and after a loss every survivor comes early. Every world of a job is made
+    this way (the first too): init_process_group prefixes the keys of a store it makes itself
+    but not of one it is given, so all members of a world must come the same way."""
     import torch.distributed as dist
 
-    host, port = world.init_method.removeprefix("tcp://").rsplit(":", 1)
-    rank, timeout = world.ranks[device], datetime.timedelta(seconds=timeout_s)
+    host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
     if rank != 0:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -113,7 +114,8 @@ def world_store(world: World, device: str, timeout_s: float):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"timed out: no rendezvous at {host}:{port}") from None
                 time.sleep(0.01)
-    return dist.TCPStore(host, int(port), world.size, rank == 0, timeout=timeout, wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, int(port), size, rank == 0, timeout=timeout, wait_for_workers=False)
 
 
 def wait_for_world(inbox: Path, after: int, timeout_s: float, poll_s: float = 0.05) -> World:

@@ -46,7 +46,7 @@ from .migration import migrate, summarize
 from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import empty_part, warm_up
-from .recovery import World, peer_lost, wait_for_world, world_store
+from .recovery import World, newest_world, peer_lost, rendezvous_store, wait_for_world
 from .schedule import Stats, run_stage
 from .tensor_parallel import WaitClock, join_group, split_dim
 
@@ -79,6 +79,9 @@ class WorkerArgs:
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
     inbox: str | None = None
+    # A job growing onto this device: (the world's generation, the version of plans[0] in it, the
+    # plan the job's workers hold and their ranks before it). It joins and receives its parts.
+    joining: tuple[int, int, Plan, dict[str, int]] | None = None
 
 
 class Worker:
@@ -106,6 +109,9 @@ class Worker:
         self.committed, self.pending = 0, None  # steps done; a step whose gradients await its vote
         self.previous: tuple | None = None  # what was held before a switch in the uncommitted step
         self.die_at_switch = False  # emulation: SIGKILL this worker in the middle of its next switch
+        self.joining = args.joining is not None  # started to join a running job's bigger world
+        if args.joining:
+            self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
         self.outputs: dict[str, object] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
@@ -116,6 +122,12 @@ class Worker:
     def run(self) -> None:
         steps = self.training.steps
         self.committed = self.inputs.start_step  # steps done: the update of each is its commit
+        if self.joining:
+            plan = self.args.plans[0][1]
+            self._rejoin(
+                World(self.generation, self.args.init_method, self.args.ranks, self.joined_version, plan),
+                time.perf_counter(),
+            )
         if self.rank == 0:  # present from the start, even empty
             self._output("trace.jsonl")
             self._output("migrations.jsonl")
@@ -150,7 +162,10 @@ class Worker:
                 self.received.setdefault(version, plan)
         if self.args.inbox:
             self._read_inbox(Path(self.args.inbox))
-        agreed = self._agree_on_version()
+        agreed, generation = self._agree()
+        if generation > self.generation:  # the job grows: everyone moves to the new world now
+            self._recover(planned=True)
+            return  # the step runs in the new world
         if agreed > self.version:
             record = self._switch(agreed, step)
             if self.rank == 0 and record["plan_version"] > 1:
@@ -191,12 +206,14 @@ class Worker:
 
     # -- surviving lost peers (recovery.py) ------------------------------------------------
 
-    def _recover(self) -> None:
-        """Leave the broken world, join the next one the inbox names, and continue there."""
+    def _recover(self, planned: bool = False) -> None:
+        """Leave the world (broken, or `planned`: the job grows), join the next one the inbox
+        names, and continue there."""
         lost_at = time.perf_counter()
         self._leave_world()
         stalled = Path(self.args.inbox) / f"stalled-{self.device_id.replace('/', '_')}.json"
-        stalled.write_text(json.dumps({"generation": self.generation}))  # the agent reports it
+        if not planned:
+            stalled.write_text(json.dumps({"generation": self.generation}))  # the agent reports it
         while True:
             world = wait_for_world(Path(self.args.inbox), self.generation, COLLECTIVE_TIMEOUT_S)
             self.generation = world.generation
@@ -205,7 +222,9 @@ class Worker:
             try:
                 dist.init_process_group(
                     "nccl" if self.torch_device.type == "cuda" else "gloo",
-                    store=world_store(world, self.device_id, COLLECTIVE_TIMEOUT_S),
+                    store=rendezvous_store(
+                        world.init_method, world.ranks[self.device_id], world.size, COLLECTIVE_TIMEOUT_S
+                    ),
                     rank=world.ranks[self.device_id],
                     world_size=world.size,
                     timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
@@ -241,7 +260,9 @@ class Worker:
         newest = torch.tensor([self.committed], dtype=torch.int64, device=self.torch_device)
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)
         newest = int(newest)
-        if newest == self.committed + 1 and self.pending == self.committed:
+        if self.joining:  # a newcomer holds nothing yet: it starts where the others are
+            self.committed, self.joining = newest, False
+        elif newest == self.committed + 1 and self.pending == self.committed:
             self._update(self.committed)
             self.committed = newest
         elif newest != self.committed:
@@ -259,6 +280,8 @@ class Worker:
         self.received[world.plan_version] = world.plan
         if not lost:
             record = self._switch(world.plan_version, self.committed, before=before, started=lost_at)
+            if set(old_ranks) <= set(world.ranks):  # nobody lost: the job grew
+                return record | {"joined": sorted(set(world.ranks) - set(old_ranks))}
             return record | {"recovered_from": "replicas", "steps_redone": 0}
         if not self.inputs.checkpoints or not complete_checkpoints(self.inputs.checkpoints):
             raise RuntimeError(f"parts {lost[:5]} were lost with every copy, and the job has no checkpoint")
@@ -325,10 +348,14 @@ class Worker:
             wanted = json.loads(slow.read_text())
             self.slow = (float(wanted["rate"]), int(wanted["from_step"]))
 
-    def _agree_on_version(self) -> int:
-        newest = torch.tensor([max(self.received, default=0)], dtype=torch.int64, device=self.torch_device)
+    def _agree(self) -> tuple[int, int]:
+        """The newest plan version and world generation every worker holds (MIN of each):
+        a switch, or a move to a bigger world, happens once all hold it."""
+        world = newest_world(Path(self.args.inbox), self.generation) if self.args.inbox else None
+        held = [max(self.received, default=0), world.generation if world else self.generation]
+        newest = torch.tensor(held, dtype=torch.int64, device=self.torch_device)
         dist.all_reduce(newest, op=dist.ReduceOp.MIN)
-        return int(newest)
+        return int(newest[0]), int(newest[1])
 
     def _train_step(self, step: int) -> Stats:
         role = self.roles[self.rank]
@@ -462,7 +489,7 @@ def worker_main(args: WorkerArgs) -> None:
     # A lost peer must fail the job in minutes, not the default half hour.
     dist.init_process_group(
         "nccl" if torch_device.type == "cuda" else "gloo",
-        init_method=args.init_method,
+        store=rendezvous_store(args.init_method, args.rank, args.world, COLLECTIVE_TIMEOUT_S),
         rank=args.rank,
         world_size=args.world,
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),

@@ -141,6 +141,43 @@ def test_a_worker_lost_in_the_middle_of_a_live_switch_is_recovered_from_replicas
     assert record["recovered_from"] == "replicas" and record["step"] == 3
 
 
+def test_a_device_joining_a_running_job_receives_its_parts_and_the_world_grows(spec, reference, tmp_path):
+    """Three workers on SURVIVORS_012; after step 3 a fourth starts, joining world 1 (four
+    devices, DP2-PP2): the three move to it at a step boundary, the newcomer receives its
+    parts peer to peer, and the job ends with the reference's model."""
+    inbox, out = tmp_path / "inbox", tmp_path / "run"
+    inbox.mkdir()
+    out.mkdir()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ctx = worker_context()
+    first = {f"local/{i}": i for i in range(3)}
+    procs = {}
+    for rank in range(3):
+        slow = (8.0, 0) if rank == 1 else None
+        args = WorkerArgs(rank, 3, init, spec, TRAINING, [(0, SURVIVORS_012)], str(out), str(tmp_path), slow,
+                          ranks=first, inbox=str(inbox))  # fmt: skip
+        procs[rank] = ctx.Process(target=worker_main, args=(args,))
+        procs[rank].start()
+    deadline = time.monotonic() + 60
+    while not (out / "trace.jsonl").exists() or len(trace(out)) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    grown = World(1, f"tcp://127.0.0.1:{free_port()}", {f"local/{i}": i for i in range(4)}, 2, DP2_PP2)
+    newcomer = WorkerArgs(3, 4, grown.init_method, spec, TRAINING, [(0, DP2_PP2)], str(out), str(tmp_path),
+                          ranks=grown.ranks, inbox=str(inbox), joining=(1, 2, SURVIVORS_012, first))  # fmt: skip
+    procs[3] = ctx.Process(target=worker_main, args=(newcomer,))
+    procs[3].start()
+    (inbox / ".w").write_text(json.dumps(grown.to_dict()))
+    os.replace(inbox / ".w", inbox / "world-1.json")
+    join_all(procs, [0, 1, 2, 3])
+    assert_reference_model(out, reference)
+    (record,) = records(out)
+    assert record["joined"] == ["local/3"] and record["bytes_moved"] > 0
+    assert trace(out)[-1]["plan_version"] == 2
+    steps = [row["step"] for row in trace(out)]
+    assert steps == sorted(set(steps))  # growing redoes nothing
+
+
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "migrations.jsonl").read_text().splitlines()]
 

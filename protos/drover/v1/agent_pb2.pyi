@@ -145,8 +145,15 @@ class JobStatus(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., step: _Optional[int] = ..., active_plan_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class StartJob(_message.Message):
-    __slots__ = ("job_id", "model_yaml", "steps", "seed", "world_size", "ranks", "master_addr", "master_port", "plan_version", "plan", "out_dir")
+    __slots__ = ("job_id", "model_yaml", "steps", "seed", "world_size", "ranks", "master_addr", "master_port", "plan_version", "plan", "out_dir", "generation", "previous_plan", "previous_ranks")
     class RanksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class PreviousRanksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +171,9 @@ class StartJob(_message.Message):
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RANKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model_yaml: str
     steps: int
@@ -175,7 +185,10 @@ class StartJob(_message.Message):
     plan_version: int
     plan: _plan_pb2.Plan
     out_dir: str
-    def __init__(self, job_id: _Optional[str] = ..., model_yaml: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Mapping[str, int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., plan_version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., out_dir: _Optional[str] = ...) -> None: ...
+    generation: int
+    previous_plan: _plan_pb2.Plan
+    previous_ranks: _containers.ScalarMap[str, int]
+    def __init__(self, job_id: _Optional[str] = ..., model_yaml: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Mapping[str, int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., plan_version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., out_dir: _Optional[str] = ..., generation: _Optional[int] = ..., previous_plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., previous_ranks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Recover(_message.Message):
     __slots__ = ("job_id", "generation", "ranks", "master_addr", "master_port", "plan_version", "plan")
