@@ -148,6 +148,14 @@ class Agent:
                     self.node,
                     self.work_dir,
                     self.data_root,
+                    joining=(
+                        start.generation,
+                        start.plan_version,
+                        plan_from_proto(start.previous_plan, "start_job.previous_plan"),
+                        dict(start.previous_ranks),
+                    )
+                    if start.generation
+                    else None,
                 )
             except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)

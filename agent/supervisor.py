@@ -15,7 +15,7 @@ from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
 from .runtime.inputs import inside, open_inputs
 from .runtime.launch import worker_context
-from .runtime.worker import WorkerArgs, worker_main
+from .runtime.worker import WorkerArgs, telemetry_file, worker_main
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -88,7 +88,9 @@ class JobWorkers:
         node: str,
         inbox_root: Path,
         data_root: Path,
+        joining: tuple | None = None,
     ):
+        """joining: (generation, plan version, plan held, ranks) when the job grows onto this node."""
         self.job_id, self.out_dir, self.node = job_id, out_dir, node
         if not JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
@@ -107,8 +109,8 @@ class JobWorkers:
         self.progress: dict | None = None
         self.procs = {}
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
-            self._telemetry(rank).unlink(missing_ok=True)  # an earlier job's, in a reused out dir
-            (self.out_dir / "telemetry" / f"worker-{rank}.error").unlink(missing_ok=True)
+            telemetry_file(self.out_dir, device, "jsonl").unlink(missing_ok=True)  # an earlier job's
+            telemetry_file(self.out_dir, device, "error").unlink(missing_ok=True)
             args = WorkerArgs(
                 rank,
                 world,
@@ -120,6 +122,7 @@ class JobWorkers:
                 str(data_root),
                 ranks=ranks,
                 inbox=str(self.inbox),
+                joining=joining,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
             proc.start()
@@ -152,14 +155,11 @@ class JobWorkers:
 
     def new_telemetry(self) -> list[dict]:
         rows = []
-        for device, rank in self.local.items():
-            for row in self._tail(self._telemetry(rank)):
+        for device in self.local:
+            for row in self._tail(telemetry_file(self.out_dir, device, "jsonl")):
                 self.latest[device] = row
                 rows.append(row)
         return rows
-
-    def _telemetry(self, rank: int) -> Path:
-        return self.out_dir / "telemetry" / f"worker-{rank}.jsonl"
 
     def new_progress(self) -> dict | None:
         """Rank 0's newest step (loss, lr, tokens/s) and validation loss, if a step ended since
@@ -221,7 +221,7 @@ class JobWorkers:
         return "running", ""
 
     def _cause(self, device: str) -> str:
-        error = self.out_dir / "telemetry" / f"worker-{self.local[device]}.error"
+        error = telemetry_file(self.out_dir, device, "error")
         try:
             return f" ({error.read_text()[:300]})" if error.exists() else ""
         except OSError:

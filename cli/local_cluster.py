@@ -42,6 +42,7 @@ class LocalCluster:
         telemetry_interval_s: float = 0.5,
         connect_timeout_s: float = 120.0,
         data_root: Path | None = None,
+        spare_nodes: tuple[str, ...] = (),
     ):
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root or work_dir).resolve()
@@ -54,7 +55,11 @@ class LocalCluster:
         self.certs = self.work_dir / "certs"
         if self.certs.exists():
             shutil.rmtree(self.certs)
-        make_credentials(self.certs, [f"node-{i}" for i in range(nodes)], ["localhost", "127.0.0.1"])
+        self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
+        names = [f"node-{i}" for i in range(nodes)] + [
+            n for n in spare_nodes if n not in {f"node-{i}" for i in range(nodes)}
+        ]
+        make_credentials(self.certs, names, ["localhost", "127.0.0.1"])
         self.target = Target.from_files(self.address, self.certs / "ca.pem", self.certs / "admin.token")
         self._log_files = []
         self.server = self._start_server(log_mode="w")
@@ -62,30 +67,7 @@ class LocalCluster:
         self.killed: set[int] = set()  # nodes killed on purpose (kill_node)
         try:
             for i in range(nodes):
-                self.agents.append(
-                    self._start(
-                        [
-                            "agent",
-                            "--control-plane",
-                            self.agent_address,
-                            "--tls-dir",
-                            str(self.certs),
-                            "--node",
-                            f"node-{i}",
-                            "--cpu-devices",
-                            str(devices_per_node),
-                            "--interval",
-                            str(telemetry_interval_s),
-                            "--work-dir",
-                            str(self.work_dir / "agents"),
-                            "--data-root",
-                            str(self.data_root),
-                        ],
-                        f"agent-{i}.log",
-                        "w",
-                        own_group=True,  # kill_node takes the agent with its workers
-                    )
-                )
+                self.agents.append(self._start_agent(f"node-{i}", "w"))
             self.stub = connect(self.target)
             self.wait_until(
                 lambda: self.connected_nodes() >= nodes, connect_timeout_s, what=f"{nodes} agents to connect"
@@ -181,6 +163,28 @@ class LocalCluster:
         log = open(self.logs / log_name, log_mode)
         self._log_files.append(log)
         return subprocess.Popen(DROVER + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+
+    def _start_agent(self, name: str, log_mode: str) -> subprocess.Popen:
+        args = ["agent", "--control-plane", self.agent_address, "--tls-dir", str(self.certs), "--node", name]
+        args += ["--cpu-devices", str(self.devices_per_node), "--interval", str(self.telemetry_interval_s)]
+        args += ["--work-dir", str(self.work_dir / "agents" / name), "--data-root", str(self.data_root)]
+        # In a process group of its own: kill_node takes the agent with its workers.
+        return self._start(args, f"agent-{name.removeprefix('node-')}.log", log_mode, own_group=True)
+
+    def start_node(self, name: str) -> None:
+        """Start (or start again, after kill_node) the agent of node NAME; it must have had a
+        certificate made at start-up (a node of the cluster, or one of spare_nodes)."""
+        index = int(name.removeprefix("node-"))
+        if index < len(self.agents):
+            if index not in self.killed:
+                raise LocalClusterError(f"{name} is running")
+            self.killed.discard(index)
+            self.agents[index] = self._start_agent(name, "a")
+            return
+        while len(self.agents) < index:  # placeholders for names skipped over
+            self.agents.append(self.agents[-1])
+            self.killed.add(len(self.agents) - 1)
+        self.agents.append(self._start_agent(name, "w"))
 
     def kill_node(self, index: int) -> None:
         """Emulate a node failing: SIGKILL its agent and, with it, every worker it started."""

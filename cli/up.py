@@ -62,6 +62,14 @@ def _parse_kill(ctx, param, values) -> list[tuple[int, int]]:
     help="Fault emulation: SIGKILL NODE's agent and its workers once the job reaches STEP; repeatable.",
 )
 @click.option(
+    "--join",
+    "joins",
+    multiple=True,
+    callback=_parse_kill,
+    metavar="NODE@STEP",
+    help="Fault emulation: start NODE's agent once the job reaches STEP (a new node, or one --kill took); repeatable.",
+)
+@click.option(
     "--out",
     "out_dir",
     default="out/up",
@@ -76,7 +84,7 @@ def _parse_kill(ctx, param, values) -> list[tuple[int, int]]:
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
 def up(
-    nodes: int, devices_per_node: int, job_file: str, straggles, kills, out_dir: str, data_root: str, resume
+    nodes: int, devices_per_node: int, job_file: str, straggles, kills, joins, out_dir: str, data_root: str, resume
 ) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
@@ -86,7 +94,8 @@ def up(
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
-    with LocalCluster(out, nodes, devices_per_node, data_root=root) as cluster:
+    spares = tuple(f"node-{index}" for index, _ in joins)
+    with LocalCluster(out, nodes, devices_per_node, data_root=root, spare_nodes=spares) as cluster:
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume)
         click.echo(
             f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
@@ -97,8 +106,15 @@ def up(
         for index, _ in kills:
             if index >= nodes:
                 raise click.BadParameter(f"node-{index}: the cluster has node-0..node-{nodes - 1}", param_hint="--kill")
-        if kills:
-            threading.Thread(target=_kill_at_steps, args=(cluster, submitted.id, kills), daemon=True).start()
+        for index, _ in joins:
+            killed = {i for i, _ in kills}
+            if index < nodes and index not in killed:
+                raise click.BadParameter(
+                    f"node-{index} runs already; join a new node or one --kill took", param_hint="--join"
+                )
+        faults = [(step, "kill", index) for index, step in kills] + [(step, "join", index) for index, step in joins]
+        if faults:
+            threading.Thread(target=_faults_at_steps, args=(cluster, submitted.id, faults), daemon=True).start()
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
         click.echo(summary(out, job, [s[2] for s in straggles]))
@@ -108,9 +124,9 @@ def up(
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 
 
-def _kill_at_steps(cluster: LocalCluster, job_id: str, kills: list[tuple[int, int]]) -> None:
-    """Kill each node once the job's step reaches its STEP (polling the control plane)."""
-    pending = sorted(kills, key=lambda k: k[1])
+def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int, str, int]]) -> None:
+    """Kill or start each node once the job's step reaches its STEP (polling the control plane)."""
+    pending = sorted(faults)
     while pending:
         try:
             job = cluster.job(job_id)
@@ -119,10 +135,14 @@ def _kill_at_steps(cluster: LocalCluster, job_id: str, kills: list[tuple[int, in
             continue
         if job_state_name(job.state) != "running":
             return
-        while pending and job.step >= pending[0][1]:
-            index, step = pending.pop(0)
-            click.echo(f"  step {job.step:>4}  killing node-{index} (its agent and workers)")
-            cluster.kill_node(index)
+        while pending and job.step >= pending[0][0]:
+            _, action, index = pending.pop(0)
+            if action == "kill":
+                click.echo(f"  step {job.step:>4}  killing node-{index} (its agent and workers)")
+                cluster.kill_node(index)
+            else:
+                click.echo(f"  step {job.step:>4}  starting node-{index}")
+                cluster.start_node(f"node-{index}")
         time.sleep(0.05)
 
 

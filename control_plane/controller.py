@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from drover.planner import Plan, make_plan, plan_from_dict
+from drover.planner import Plan, evaluate, make_plan, plan_from_dict
 from drover.planner.ports import free_port
 from drover.planner.wire import job_state_name, plan_to_proto
 from drover.storage import queries
@@ -83,6 +83,7 @@ class RunningJob:
     generation: int = 0  # the workers' world: 0 at the start, one more after each recovery
     lost_at: float = 0.0  # when the newest loss was acted on (monotonic), for the recovered event
     recovered_at: list[int] = field(default_factory=list)  # the step of each recovery
+    out_dir: str = ""  # relative to each agent's data root
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -156,6 +157,7 @@ class ControlPlane:
                     json.loads(plan_row.rates_json),
                     Detector(self.settings),
                     step=job.step,
+                    out_dir=job.out_dir,
                 )
             )
         for node in sorted({n for job in self.jobs.values() for n in job.nodes}):
@@ -244,6 +246,7 @@ class ControlPlane:
         try:
             await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
             self.place_pending_soon()  # a waiting job may fit now
+            self._soon(self._grow_onto(hello.node), f"grow onto {hello.node}")
             running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
             for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
                 await self.status(hello.node, ended)  # it may have ended while we were away
@@ -558,9 +561,88 @@ class ControlPlane:
 
     def place_pending_soon(self) -> None:
         if self.pending:
-            task = asyncio.create_task(self.place_pending(), name="place pending jobs")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._soon(self.place_pending(), "place pending jobs")
+
+    def _soon(self, work, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _grow_onto(self, node: str) -> None:
+        """Offer a node that connected (new, or lost and back) to the running jobs, oldest
+        first: the first whose plan the planner predicts at least min_gain faster with the
+        node's free devices grows onto them, at a step boundary (a new world of its workers)."""
+        async with self._placing:
+            for job in sorted(self.jobs.values(), key=lambda j: j.id):
+                if node in job.nodes or job.ending or job.committed != job.version or node not in self.outboxes:
+                    continue  # a switch in flight first settles: the newcomer must know what is held
+                taken = {d for j in self.jobs.values() for d in j.ranks}
+
+                def usable(session, job=job, taken=taken):
+                    def mine(n, d):
+                        return d.id in job.ranks or (n == node and d.id not in taken)
+
+                    members = [*job.nodes, node]
+                    return [(n, [d for d in queries.devices_of(session, n) if mine(n, d)], queries.nics_of(session, n))
+                            for n in members]  # fmt: skip
+
+                nodes = await self.store.query(usable)
+                if not nodes[-1][1]:
+                    return  # nothing free on it
+                cluster = planning.cluster_of(nodes)
+                now = evaluate(job.plan, cluster, job.spec.model).step_time_s
+                plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
+                grown = evaluate(plan, cluster, job.spec.model).step_time_s
+                if grown > now * (1 - self.settings.min_gain):
+                    await self._event(job, "join_skipped", {"node": node, "step_s_now": now, "step_s_grown": grown})
+                    continue
+                await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
+                return
+
+    async def _grow(self, job: RunningJob, node: str, devices: list[str], plan: Plan) -> None:
+        old_plan, old_ranks = job.plan, dict(job.ranks)
+        ranks = old_ranks | {d: len(old_ranks) + i for i, d in enumerate(devices)}
+        master_addr = self.hosts.get(min(ranks, key=ranks.get).split("/")[0], "127.0.0.1")
+        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + 3) % 2000
+        reason = f"grow: {node} joined"
+
+        def store(session):
+            row = queries.get_job(session, job.id)
+            row.ranks_json, row.master_addr, row.master_port = json.dumps(ranks), master_addr, port
+            return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
+
+        version = await self.store.write(store)
+        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, [*job.nodes, node]
+        job.generation += 1
+        await self._event(job, "node_joined", {"node": node, "devices": devices, "plan_version": version})
+        recover = agent_pb2.Recover(
+            job_id=job.id,
+            generation=job.generation,
+            ranks=ranks,
+            master_addr=master_addr,
+            master_port=port,
+            plan_version=version,
+            plan=plan_to_proto(plan),
+        )
+        for member in job.nodes[:-1]:
+            self.outboxes[member].put_nowait(agent_pb2.ControlMessage(recover=recover))
+        start = agent_pb2.StartJob(
+            job_id=job.id,
+            model_yaml=job.spec.workers_json(),
+            steps=job.spec.steps,
+            seed=job.spec.seed,
+            world_size=len(ranks),
+            ranks=ranks,
+            master_addr=master_addr,
+            master_port=port,
+            plan_version=version,
+            plan=plan_to_proto(plan),
+            out_dir=job.out_dir,
+            generation=job.generation,
+            previous_plan=plan_to_proto(old_plan),
+            previous_ranks=old_ranks,
+        )
+        self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))
 
     async def place_pending(self) -> None:
         """Start waiting jobs, oldest first, on what is free now (after a node joins, a job
@@ -604,7 +686,9 @@ class ControlPlane:
             return row
 
         job_row = await self.store.write(place)
-        job = RunningJob(job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings))
+        job = RunningJob(
+            job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings), out_dir=out
+        )
         self._track(job)
         start = agent_pb2.StartJob(
             job_id=job_id,

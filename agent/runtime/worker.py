@@ -55,6 +55,11 @@ _HELD = object()  # _switch's default: what the current plan holds
 log = logging.getLogger("drover.worker")
 
 
+def telemetry_file(out: Path, device: str, suffix: str) -> Path:
+    """OUT/telemetry/DEVICE.SUFFIX, the device id with '_' for '/' (node-1/0 -> node-1_0.jsonl)."""
+    return out / "telemetry" / f"{device.replace('/', '_')}.{suffix}"
+
+
 def _die() -> None:
     """Emulation (die-DEVICE.json in the inbox): a device lost in the middle of a switch."""
     os.kill(os.getpid(), signal.SIGKILL)
@@ -115,7 +120,8 @@ class Worker:
         self.filling = False  # parts are being filled from a checkpoint
         self.outputs: dict[str, object] = {}
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
-        self.telemetry = open(Path(args.out_dir) / "telemetry" / f"worker-{self.rank}.jsonl", "a")
+        # Named by device, not rank: ranks change when the world shrinks or grows.
+        self.telemetry = open(telemetry_file(Path(args.out_dir), self.device_id, "jsonl"), "a")
 
     # -- the step loop ---------------------------------------------------------
 
@@ -500,7 +506,8 @@ def worker_main(args: WorkerArgs) -> None:
         log.info("%s", exc)
     except Exception as exc:
         # The cause, for the agent to report with the exit code (the traceback stays in its log).
-        error = Path(args.out_dir) / "telemetry" / f"worker-{args.rank}.error"
+        device = next((d for d, r in (args.ranks or {}).items() if r == args.rank), f"local/{args.rank}")
+        error = telemetry_file(Path(args.out_dir), device, "error")
         error.write_text(f"{type(exc).__name__}: {str(exc)[:400]}")
         raise
     finally:

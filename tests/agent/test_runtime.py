@@ -101,7 +101,7 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
     assert run.returncode == 0, run.stderr
     assert_matches_reference(tmp_path / "run", tmp_path / "ref")
     for rank in range(4):
-        rows = [json.loads(line) for line in (tmp_path / "run" / "telemetry" / f"worker-{rank}.jsonl").open()]
+        rows = [json.loads(line) for line in (tmp_path / "run" / "telemetry" / f"local_{rank}.jsonl").open()]
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         for r in rows:
             assert r["compute_s_per_block"] > 0 and r["grad_sync_s"] >= 0 and r["p2p_wait_s"] >= 0

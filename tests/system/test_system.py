@@ -258,7 +258,7 @@ def test_a_job_whose_files_go_bad_fails_alone_and_the_agent_serves_the_next(loca
     c = local_cluster(nodes=1, devices_per_node=2)
     job = c.submit(long_job, "a")
     c.wait_until(lambda: c.job(job.id).step >= 3)
-    with open(tmp_path / "a" / "telemetry" / "worker-0.jsonl", "a") as f:
+    with open(tmp_path / "a" / "telemetry" / "node-0_0.jsonl", "a") as f:
         f.write("{this is not json\n")
     final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "unreadable" in final.detail, final.detail
@@ -355,3 +355,29 @@ def test_a_node_killed_mid_job_is_survived_and_the_model_equals_the_reference(re
         row = json.loads(line)
         last[row["step"]] = row["loss"]  # a step run again after a rollback: its later line
     assert [last[s] for s in range(16)] == pytest.approx(reference, rel=1e-5)
+
+
+@pytest.mark.parametrize("faults", [["--join", "node-2@8"], ["--kill", "node-1@6", "--join", "node-1@12"]])
+def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference(faults, tmp_path):
+    """A new node (node-2) joins, or a killed node comes back: the job grows onto it at a step
+    boundary, its workers receive their parts from the others, and the model is the reference's."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 120, "seed": 1}))
+    out = tmp_path / "out"
+    run = subprocess.run(
+        DROVER + ["up", "--job", str(job_file), *faults, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = events_of(out)
+    joined = faults[-1].split("@")[0]
+    (event,) = [e for e in events if e["kind"] == "node_joined"]
+    assert event["node"] == joined and len(event["devices"]) == 2
+    committed = [e for e in events if e["kind"] == "plan_committed" and e["plan_version"] == event["plan_version"]]
+    assert committed and any(
+        joined in d for p in committed[0]["plan"]["pipelines"] for s in p["stages"] for d in s["devices"]
+    )
+    assert_equals_reference(out, job_file, tmp_path)
