@@ -167,7 +167,7 @@ class LocalCluster:
     def _start_agent(self, name: str, log_mode: str) -> subprocess.Popen:
         args = ["agent", "--control-plane", self.agent_address, "--tls-dir", str(self.certs), "--node", name]
         args += ["--cpu-devices", str(self.devices_per_node), "--interval", str(self.telemetry_interval_s)]
-        args += ["--work-dir", str(self.work_dir / "agents" / name), "--data-root", str(self.data_root)]
+        args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]
         # In a process group of its own: kill_node takes the agent with its workers.
         return self._start(args, f"agent-{name.removeprefix('node-')}.log", log_mode, own_group=True)
 

@@ -65,6 +65,13 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _die_with_node() -> None:
+    """Emulation (die-DEVICE.json with {"scope": "node"}): the whole node lost in the middle of
+    a switch: the worker's process group, which is its agent's (drover up starts each agent in
+    a group of its own)."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
 class LeftOut(Exception):
     """The new world has no place for this device: it leaves the job."""
 
@@ -113,7 +120,8 @@ class Worker:
         self.world, self.generation = args.world, 0  # world size; generation of the world (0: the first)
         self.committed, self.pending = 0, None  # steps done; a step whose gradients await its vote
         self.previous: tuple | None = None  # what was held before a switch in the uncommitted step
-        self.die_at_switch = False  # emulation: SIGKILL this worker in the middle of its next switch
+        # Emulation: SIGKILL this worker ("worker") or its node ("node") in the middle of its next switch.
+        self.die_at_switch: str | bool = False
         self.joining = args.joining is not None  # started to join a running job's bigger world
         if args.joining:
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
@@ -347,8 +355,9 @@ class Worker:
             version = int(match.group(1)) if match else 0
             if match and version not in self.received:  # agents write these atomically (rename)
                 self.received[version] = plan_from_dict(json.loads(path.read_text()), str(path))
-        if (inbox / f"die-{self.device_id.replace('/', '_')}.json").exists():
-            self.die_at_switch = True
+        die = inbox / f"die-{self.device_id.replace('/', '_')}.json"
+        if die.exists() and not self.die_at_switch:
+            self.die_at_switch = json.loads(die.read_text() or "{}").get("scope", "worker")
         slow = inbox / f"slow-{self.device_id.replace('/', '_')}.json"
         if slow.exists():
             wanted = json.loads(slow.read_text())
@@ -431,7 +440,7 @@ class Worker:
             self.state,
             self._origin,
             self.torch_device,
-            fault=_die if self.die_at_switch else None,
+            fault=(_die_with_node if self.die_at_switch == "node" else _die) if self.die_at_switch else None,
         )
         self.parts, self.state = migrated.parts, migrated.state
         # Everyone alive and here before groups are made: new_group waits on the rendezvous store,
