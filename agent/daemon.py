@@ -254,9 +254,10 @@ class Agent:
             )
             for m in workers.new_migrations()
         ]
-        progress, stalled = workers.new_progress(), workers.stalled()
+        progress, stalled, lost = workers.new_progress(), workers.stalled(), workers.lost_devices()
         now = time.time()
-        if samples or migrations or progress or stalled or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
+        news = samples or migrations or progress or stalled or lost
+        if news or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
             self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
             out.append(
                 agent_pb2.AgentMessage(
@@ -269,6 +270,7 @@ class Agent:
                         migrations=migrations,
                         progress=progress,
                         stalled_devices=stalled,
+                        lost_devices=lost,
                     )
                 )
             )

@@ -53,6 +53,9 @@ class FailedHere:
     def stalled(self) -> list[str]:
         return []
 
+    def lost_devices(self) -> list[str]:
+        return []
+
     def recover(self, world: dict, ranks: dict[str, int]) -> None:
         pass
 
@@ -108,6 +111,7 @@ class JobWorkers:
         self.tokens_per_sample = spec.seq_len
         self.progress: dict | None = None
         self.procs = {}
+        self.dropped: set[str] = set()  # devices reported lost: the job goes on without them
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             telemetry_file(self.out_dir, device, "jsonl").unlink(missing_ok=True)  # an earlier job's
             telemetry_file(self.out_dir, device, "error").unlink(missing_ok=True)
@@ -139,6 +143,17 @@ class JobWorkers:
                 self._offsets[path] = path.stat().st_size if path.exists() else 0
         self.hosts_rank0 = hosted
         write_atomically(self.inbox / f"world-{world['generation']}.json", world)
+
+    def lost_devices(self) -> list[str]:
+        """Local devices whose workers died without raising (a signal, a crash), not reported
+        before: lost devices for the control plane to recover from, not the job's failure."""
+        lost = [
+            d
+            for d, p in self.procs.items()
+            if p.exitcode not in (None, 0) and d not in self.dropped and not self._cause(d)
+        ]
+        self.dropped.update(lost)
+        return lost
 
     def stalled(self) -> list[str]:
         """Local devices whose workers lost a peer and wait for a new world."""
@@ -212,7 +227,7 @@ class JobWorkers:
 
     def state(self) -> tuple[str, str]:
         """(running | completed | failed, detail)."""
-        codes = {device: p.exitcode for device, p in self.procs.items()}
+        codes = {device: p.exitcode for device, p in self.procs.items() if device not in self.dropped}
         failed = {d: c for d, c in codes.items() if c not in (None, 0)}
         if failed:
             return "failed", ", ".join(f"worker {d} exited with {c}{self._cause(d)}" for d, c in sorted(failed.items()))

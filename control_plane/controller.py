@@ -84,6 +84,7 @@ class RunningJob:
     lost_at: float = 0.0  # when the newest loss was acted on (monotonic), for the recovered event
     recovered_at: list[int] = field(default_factory=list)  # the step of each recovery
     out_dir: str = ""  # relative to each agent's data root
+    former_nodes: set = field(default_factory=set)  # nodes recoveries left out: what they still say is ignored
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -291,41 +292,45 @@ class ControlPlane:
                 await self._event(job, "node_lost", {"node": node, "after_s": after_s})
                 await self._recover_job(job, {node})
 
-    async def _recover_job(self, job: RunningJob, lost_nodes: set[str]) -> None:
-        """Plan for the surviving devices and hand their workers a new world (agent Recover):
-        they keep their state, take lost parts from replicas or roll back to a checkpoint."""
+    async def _recover_job(self, job: RunningJob, lost_nodes: set[str], lost: set[str] = frozenset()) -> None:
+        """Plan for the surviving devices (all but those of lost_nodes and the `lost` ones) and
+        hand their workers a new world (agent Recover): they keep their state, take lost parts
+        from replicas or roll back to a checkpoint."""
+        keep = {d for d in job.ranks if d.split("/")[0] not in lost_nodes and d not in lost}
+        left = [n for n in job.nodes if n not in lost_nodes and not any(d.split("/")[0] == n for d in keep)]
+        lost_nodes = set(lost_nodes) | set(left)  # a node none of whose devices is left
         survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
+        what = ", ".join(sorted(lost_nodes) + sorted(d for d in lost if d.split("/")[0] not in lost_nodes))
         limit = job.spec.recoveries
         job.recovered_at = [s for s in job.recovered_at if s > job.step - limit.within_steps]
         if len(job.recovered_at) >= limit.max:
             await self._fail(
                 job,
-                f"node {', '.join(sorted(lost_nodes))} lost: a recovery more than the {limit.max} allowed "
+                f"{what} lost: a recovery more than the {limit.max} allowed "
                 f"within {limit.within_steps} steps (recoveries in the job file)",
             )
             return
         job.recovered_at.append(job.step)
         if not survivors:
-            await self._fail(job, f"node {', '.join(sorted(lost_nodes))} lost and no node of the job is left")
+            await self._fail(job, f"{what} lost and no node of the job is left")
             return
         nodes = await self.store.query(
             lambda s: [
-                (n, [d for d in queries.devices_of(s, n) if d.id in job.ranks], queries.nics_of(s, n))
-                for n in survivors
+                (n, [d for d in queries.devices_of(s, n) if d.id in keep], queries.nics_of(s, n)) for n in survivors
             ]
         )
         cluster = planning.cluster_of([n for n in nodes if n[1]])
         try:
             plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
         except ValueError as exc:  # the survivors cannot hold the model
-            await self._fail(job, f"node {', '.join(sorted(lost_nodes))} lost; the rest cannot run the job: {exc}")
+            await self._fail(job, f"{what} lost; the rest cannot run the job: {exc}")
             return
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")
         port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + hash(job.id)) % 2000
         lost_devices = [d for d in job.ranks if d not in ranks]
-        reason = f"recovery: {', '.join(sorted(lost_nodes))} lost"
+        reason = f"recovery: {what} lost"
 
         def store(session):
             row = queries.get_job(session, job.id)
@@ -333,6 +338,7 @@ class ControlPlane:
             return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
 
         version = await self.store.write(store)
+        job.former_nodes |= lost_nodes
         job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, survivors
         job.generation += 1
         job.lost_at = time.monotonic()
@@ -376,6 +382,13 @@ class ControlPlane:
                 )
         if job is not None:
             _check_version(job, message.active_plan_version, "telemetry.active_plan_version")
+        for i, device in enumerate(message.lost_devices):
+            if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
+                raise PermissionDenied(f"telemetry.lost_devices[{i}] = {device[:80]!r}: not a device of {node} here")
+        if job is not None and message.lost_devices:
+            await self._event(job, "device_lost", {"node": node, "devices": list(message.lost_devices)})
+            await self._recover_job(job, set(), set(message.lost_devices))
+            return
         for i, device in enumerate(message.stalled_devices):
             if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
                 raise PermissionDenied(f"telemetry.stalled_devices[{i}] = {device[:80]!r}: not a device of {node} here")
@@ -482,6 +495,8 @@ class ControlPlane:
     def _job_placed_on(self, node: str, job_id: str) -> RunningJob | None:
         """The running job, if any; an agent speaks only for jobs placed on its node."""
         job = self.jobs.get(job_id)
+        if job is not None and node in job.former_nodes and node not in job.nodes:
+            return None  # its last words, after the job went on without it
         if job is not None and node not in job.nodes:
             raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
         return job

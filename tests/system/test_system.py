@@ -383,28 +383,30 @@ def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference
     assert_equals_reference(out, job_file, tmp_path)
 
 
-def test_a_node_killed_in_the_middle_of_a_live_switch_is_survived(local_cluster, tmp_path):
+@pytest.mark.parametrize("scope", ["node", "worker"])
+def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster, tmp_path):
     """node-1/1 is made 4x slow; the plan that moves work off it starts a live switch, in the
-    middle of which node-1 dies whole (die-node-1_1.json with scope node: its agent's process
-    group is SIGKILLed with the switch's sends posted). node-0 holds a whole replica: the job
-    recovers from it and ends with the reference's model."""
+    middle of which node-1 dies whole, or node-1/1's worker alone (die-node-1_1.json: SIGKILL
+    with the switch's sends posted; scope node kills its agent's process group). Every part
+    has a copy elsewhere: the job recovers from replicas and ends with the reference's model."""
     job_file = tmp_path / "job.yaml"
     job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 200, "seed": 1}))
     c = local_cluster(nodes=2, devices_per_node=2)
     job = c.submit(job_file, "run")
     c.wait_until(lambda: c.job(job.id).step >= 5, 60)
-    (tmp_path / "agents" / "node-1" / job.id / "die-node-1_1.json").write_text('{"scope": "node"}')
-    c.killed.add(1)  # it is to die: the cluster's watch must not count it as a crash
+    (tmp_path / "agents" / "node-1" / job.id / "die-node-1_1.json").write_text(json.dumps({"scope": scope}))
+    if scope == "node":
+        c.killed.add(1)  # it is to die: the cluster's watch must not count it as a crash
     c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/1", rate=4.0))
     final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 300)
     assert final.state == state_pb2.JOB_STATE_COMPLETED, final.detail
-    assert c.agents[1].poll() == -9  # it died, in the switch
+    assert c.agents[1].poll() == (-9 if scope == "node" else None)
     events = [
         (e.kind, json.loads(e.details_json)) for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))
     ]
     kinds = [k for k, _ in events]
     pushed = kinds.index("plan_pushed")
-    assert "node_lost" in kinds[pushed:]
+    assert ("node_lost" if scope == "node" else "device_lost") in kinds[pushed:]
     (recovered,) = [d for k, d in events if k == "recovered"]
     assert recovered["from"] == "replicas" and recovered["steps_redone"] == 0
     assert_equals_reference(tmp_path / "run", job_file, tmp_path)

@@ -69,7 +69,7 @@ class Nic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices", "lost_devices")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class Telemetry(_message.Message):
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     STALLED_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LOST_DEVICES_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
@@ -86,7 +87,8 @@ class Telemetry(_message.Message):
     migrations: _containers.RepeatedCompositeFieldContainer[Migration]
     progress: _state_pb2.Progress
     stalled_devices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    lost_devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ..., lost_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Migration(_message.Message):
     __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds", "recovered_from", "steps_redone")
