@@ -195,6 +195,10 @@ class Agent:
                         workers.straggle(command.straggle.device, command.straggle.rate, command.straggle.from_step)
                     except OSError as exc:
                         self._fail_here(job_id, f"straggle not handed on {self.node}: {exc}")
+            elif command.WhichOneof("body") == "stop_workers":
+                workers = self.jobs.get(command.stop_workers.job_id)
+                if workers is not None:
+                    workers.stop_devices(list(command.stop_workers.devices))
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:

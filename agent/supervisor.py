@@ -56,6 +56,9 @@ class FailedHere:
     def lost_devices(self) -> list[str]:
         return []
 
+    def stop_devices(self, devices: list[str]) -> None:
+        pass
+
     def recover(self, world: dict, ranks: dict[str, int]) -> None:
         pass
 
@@ -143,6 +146,15 @@ class JobWorkers:
                 self._offsets[path] = path.stat().st_size if path.exists() else 0
         self.hosts_rank0 = hosted
         write_atomically(self.inbox / f"world-{world['generation']}.json", world)
+
+    def stop_devices(self, devices: list[str]) -> None:
+        """Kill these devices' workers (the control plane found them silent); the job goes on
+        without them, so they are neither reported lost nor a failure."""
+        for device in devices:
+            proc = self.procs.get(device)
+            if proc is not None and proc.is_alive():
+                proc.kill()
+            self.dropped.add(device)
 
     def lost_devices(self) -> list[str]:
         """Local devices whose workers died without raising (a signal, a crash), not reported

@@ -53,7 +53,7 @@ AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails 
 # small cluster costs one commit a second, a large one stays within a fraction of a second.
 FLUSH_EVERY_S = 1.0
 FLUSH_ROWS = 1_000
-DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is failed
+DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is lost
 # A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
 # with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
 MAX_JOB_DEVICES = 16_384
@@ -85,6 +85,7 @@ class RunningJob:
     recovered_at: list[int] = field(default_factory=list)  # the step of each recovery
     out_dir: str = ""  # relative to each agent's data root
     former_nodes: set = field(default_factory=set)  # nodes recoveries left out: what they still say is ignored
+    join_skipped: set = field(default_factory=set)  # nodes not worth growing onto, until they reconnect
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -209,11 +210,16 @@ class ControlPlane:
                 and newest - job.heard.get(d, newest) > self.device_silence_s / 2
             )
             if silent:
+                # Hung, not gone: they hold the others up in their collectives. Their agents stop them
+                # (the others' collectives then fail at once) and the job goes on without them.
                 await self._event(job, "device_lost", {"devices": silent, "silent_s": self.device_silence_s})
-                await self._fail(
-                    job,
-                    f"devices {', '.join(silent)} stopped reporting; recovering from lost devices is not supported yet",
-                )
+                for node in sorted({d.split("/")[0] for d in silent} & set(self.outboxes)):
+                    here = [d for d in silent if d.startswith(node + "/")]
+                    stop = agent_pb2.StopWorkers(job_id=job.id, devices=here)
+                    self.outboxes[node].put_nowait(
+                        agent_pb2.ControlMessage(command=agent_pb2.Command(stop_workers=stop))
+                    )
+                await self._recover_job(job, set(), set(silent))
 
     async def flush(self) -> None:
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
@@ -247,6 +253,8 @@ class ControlPlane:
         try:
             await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
             self.place_pending_soon()  # a waiting job may fit now
+            for job in self.jobs.values():
+                job.join_skipped.discard(hello.node)  # a fresh offer
             self._soon(self._grow_onto(hello.node), f"grow onto {hello.node}")
             running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
             for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
@@ -273,12 +281,15 @@ class ControlPlane:
         if self.outboxes.get(node) is not queue:
             return
         del self.outboxes[node]
-        await self.store.write(lambda s: queries.set_connected(s, node, False))
+        log.info("node %s disconnected", node)
+        # Before any await: this runs in the finally of a stream's task that gRPC may cancel again,
+        # and a node never expected back would never be found lost.
         if any(node in j.nodes for j in self.jobs.values()):
             self._expect_back(node)
+        await asyncio.shield(self.store.write(lambda s: queries.set_connected(s, node, False)))
 
     def _expect_back(self, node: str) -> None:
-        """Fail the node's jobs unless its agent says hello within AGENT_GRACE_S."""
+        """The node's jobs go on without it unless its agent says hello within AGENT_GRACE_S."""
         if node in self._lost:
             self._lost.pop(node).cancel()
         self._lost[node] = asyncio.create_task(self._give_up_on(node))
@@ -287,6 +298,7 @@ class ControlPlane:
         """The node is lost: its jobs go on without it (recovery), or fail if nothing is left."""
         await asyncio.sleep(after_s)
         self._lost.pop(node, None)
+        log.info("node %s lost (after %.1f s)", node, after_s)
         for job in list(self.jobs.values()):
             if node in job.nodes:
                 await self._event(job, "node_lost", {"node": node, "after_s": after_s})
@@ -338,6 +350,7 @@ class ControlPlane:
             return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
 
         version = await self.store.write(store)
+        log.info("job %s recovers without %s: world %d, plan v%d", job.id, what, job.generation + 1, version)
         job.former_nodes |= lost_nodes
         job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, survivors
         job.generation += 1
@@ -589,8 +602,10 @@ class ControlPlane:
         node's free devices grows onto them, at a step boundary (a new world of its workers)."""
         async with self._placing:
             for job in sorted(self.jobs.values(), key=lambda j: j.id):
-                if node in job.nodes or job.ending or job.committed != job.version or node not in self.outboxes:
-                    continue  # a switch in flight first settles: the newcomer must know what is held
+                if node in job.nodes or node in job.join_skipped or job.ending or node not in self.outboxes:
+                    continue
+                if job.committed != job.version:
+                    continue  # a switch in flight settles first (the newcomer must know what is held)
                 taken = {d for j in self.jobs.values() for d in j.ranks}
 
                 def usable(session, job=job, taken=taken):
@@ -609,6 +624,7 @@ class ControlPlane:
                 plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
                 grown = evaluate(plan, cluster, job.spec.model).step_time_s
                 if grown > now * (1 - self.settings.min_gain):
+                    job.join_skipped.add(node)
                     await self._event(job, "join_skipped", {"node": node, "step_s_now": now, "step_s_grown": grown})
                     continue
                 await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
@@ -869,6 +885,10 @@ class ControlPlane:
         await self._event(
             job, "plan_committed", {"plan_version": version, "plan": job.plan.to_dict()}, step=job.committed_at
         )
+        # Nodes that connected while a switch was in flight were not offered to the job then.
+        busy = {n for j in self.jobs.values() for n in j.nodes}
+        for node in sorted(set(self.outboxes) - busy - job.join_skipped):
+            self._soon(self._grow_onto(node), f"grow onto {node}")
 
     def _plan_update(self, job: RunningJob) -> agent_pb2.ControlMessage:
         return agent_pb2.ControlMessage(

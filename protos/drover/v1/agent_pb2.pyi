@@ -228,12 +228,22 @@ class PlanUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("straggle", "cancel")
+    __slots__ = ("straggle", "cancel", "stop_workers")
     STRAGGLE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
     straggle: Straggle
     cancel: CancelJob
-    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ...) -> None: ...
+    stop_workers: StopWorkers
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ...) -> None: ...
+
+class StopWorkers(_message.Message):
+    __slots__ = ("job_id", "devices")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Straggle(_message.Message):
     __slots__ = ("device", "rate", "from_step")
