@@ -312,6 +312,11 @@ class ControlPlane:
         left = [n for n in job.nodes if n not in lost_nodes and not any(d.split("/")[0] == n for d in keep)]
         lost_nodes = set(lost_nodes) | set(left)  # a node none of whose devices is left
         survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
+        if survivors and all(job.node_states.get(n) == "completed" for n in survivors):
+            # Lost after the last step, once the others had finished: nothing is left to recover.
+            job.step = max(job.step, job.spec.steps - 1)
+            await self._end(job, "completed", "", "job_completed", {})
+            return
         what = ", ".join(sorted(lost_nodes) + sorted(d for d in lost if d.split("/")[0] not in lost_nodes))
         limit = job.spec.recoveries
         job.recovered_at = [s for s in job.recovered_at if s > job.step - limit.within_steps]
@@ -337,23 +342,12 @@ class ControlPlane:
         except ValueError as exc:  # the survivors cannot hold the model
             await self._fail(job, f"{what} lost; the rest cannot run the job: {exc}")
             return
-        devices = [d.id for d in cluster.devices]
-        ranks = {d: i for i, d in enumerate(devices)}
-        master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")
-        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + hash(job.id)) % 2000
+        ranks = {d.id: i for i, d in enumerate(cluster.devices)}
         lost_devices = [d for d in job.ranks if d not in ranks]
-        reason = f"recovery: {what} lost"
-
-        def store(session):
-            row = queries.get_job(session, job.id)
-            row.ranks_json, row.master_addr, row.master_port = json.dumps(ranks), master_addr, port
-            return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
-
-        version = await self.store.write(store)
-        log.info("job %s recovers without %s: world %d, plan v%d", job.id, what, job.generation + 1, version)
         job.former_nodes |= lost_nodes
-        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, survivors
-        job.generation += 1
+        recover = await self._new_world(job, plan, ranks, survivors, f"recovery: {what} lost")
+        version = recover.plan_version
+        log.info("job %s recovers without %s: world %d, plan v%d", job.id, what, job.generation, version)
         job.lost_at = time.monotonic()
         for node in lost_nodes:
             job.node_versions.pop(node, None)
@@ -366,17 +360,9 @@ class ControlPlane:
             "recovery_started",
             {"lost": sorted(lost_nodes), "devices": lost_devices, "plan_version": version, "world": job.generation},
         )
-        recover = agent_pb2.Recover(
-            job_id=job.id,
-            generation=job.generation,
-            ranks=ranks,
-            master_addr=master_addr,
-            master_port=port,
-            plan_version=version,
-            plan=plan_to_proto(plan),
-        )
         for node in survivors:
-            self.outboxes[node].put_nowait(agent_pb2.ControlMessage(recover=recover))
+            if node in self.outboxes:  # one that left meanwhile is found lost in its turn
+                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(recover=recover))
 
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
@@ -630,12 +616,13 @@ class ControlPlane:
                 await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
                 return
 
-    async def _grow(self, job: RunningJob, node: str, devices: list[str], plan: Plan) -> None:
-        old_plan, old_ranks = job.plan, dict(job.ranks)
-        ranks = old_ranks | {d: len(old_ranks) + i for i, d in enumerate(devices)}
+    async def _new_world(
+        self, job: RunningJob, plan: Plan, ranks: dict[str, int], nodes: list[str], reason: str
+    ) -> agent_pb2.Recover:
+        """A new world for the job (after a loss, or to grow): its rendezvous at rank 0's node,
+        the plan and ranks stored, the job updated; the Recover its members are sent."""
         master_addr = self.hosts.get(min(ranks, key=ranks.get).split("/")[0], "127.0.0.1")
-        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + 3) % 2000
-        reason = f"grow: {node} joined"
+        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + len(job.id)) % 2000
 
         def store(session):
             row = queries.get_job(session, job.id)
@@ -643,10 +630,9 @@ class ControlPlane:
             return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
 
         version = await self.store.write(store)
-        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, [*job.nodes, node]
+        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, nodes
         job.generation += 1
-        await self._event(job, "node_joined", {"node": node, "devices": devices, "plan_version": version})
-        recover = agent_pb2.Recover(
+        return agent_pb2.Recover(
             job_id=job.id,
             generation=job.generation,
             ranks=ranks,
@@ -655,8 +641,16 @@ class ControlPlane:
             plan_version=version,
             plan=plan_to_proto(plan),
         )
+
+    async def _grow(self, job: RunningJob, node: str, devices: list[str], plan: Plan) -> None:
+        old_plan, old_ranks = job.plan, dict(job.ranks)
+        ranks = old_ranks | {d: len(old_ranks) + i for i, d in enumerate(devices)}
+        recover = await self._new_world(job, plan, ranks, [*job.nodes, node], f"grow: {node} joined")
+        version = recover.plan_version
+        await self._event(job, "node_joined", {"node": node, "devices": devices, "plan_version": version})
         for member in job.nodes[:-1]:
-            self.outboxes[member].put_nowait(agent_pb2.ControlMessage(recover=recover))
+            if member in self.outboxes:  # one that left meanwhile is found lost in its turn
+                self.outboxes[member].put_nowait(agent_pb2.ControlMessage(recover=recover))
         start = agent_pb2.StartJob(
             job_id=job.id,
             model_yaml=job.spec.workers_json(),
@@ -664,8 +658,8 @@ class ControlPlane:
             seed=job.spec.seed,
             world_size=len(ranks),
             ranks=ranks,
-            master_addr=master_addr,
-            master_port=port,
+            master_addr=recover.master_addr,
+            master_port=recover.master_port,
             plan_version=version,
             plan=plan_to_proto(plan),
             out_dir=job.out_dir,

@@ -25,6 +25,8 @@ def load_mapping(path: str | Path, kind: str) -> dict:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(str(path), "(file)", str(path), f"a readable {kind} file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), "(file)", str(path), f"a {kind} file in UTF-8 text") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:

@@ -21,7 +21,6 @@ reads the val split's windows in order.
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from drover.planner.errors import SpecError
+from drover.planner.spec_io import load_mapping
 
 STRIDES = (1, 2, 3, 5, 7)
 FORMAT = "drover-tokens"
@@ -132,14 +132,9 @@ def read_meta(directory: Path) -> dict:
     """meta.json of a shard directory, checked: a clear error names the field."""
     path = directory / "meta.json"
     source = str(path)
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(str(directory), "data", str(directory), "a token-shard directory with meta.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(source, "(file)", source, f"JSON ({str(exc)[:120]})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise SpecError(source, "format", meta.get("format") if isinstance(meta, dict) else meta, repr(FORMAT))
+    meta = load_mapping(path, "token-shard meta.json")
+    if meta.get("format") != FORMAT:
+        raise SpecError(source, "format", meta.get("format"), repr(FORMAT))
     if meta.get("dtype") not in DTYPES:
         raise SpecError(source, "dtype", meta.get("dtype"), f"one of {', '.join(DTYPES)}")
     vocab = meta.get("vocab")

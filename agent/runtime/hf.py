@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
+from drover.planner.spec_io import load_mapping
 
 from .model import EMBED, HEAD, GPTConfig, part_prefix
 from .parts import empty_part
@@ -59,14 +60,7 @@ def read_config(directory: str | Path) -> dict:
     with a clear error for anything Drover does not run."""
     path = Path(directory) / "config.json"
     source = str(path)
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(str(directory), "init", str(directory), "a Hugging Face directory with config.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(source, "(file)", source, f"JSON ({str(exc)[:120]})") from None
-    if not isinstance(config, dict):
-        raise SpecError(source, "(file)", type(config).__name__, "a JSON object")
+    config = load_mapping(path, "Hugging Face config.json")
     architectures = config.get("architectures") or []
     if not any(a in ARCHITECTURES for a in architectures) and config.get("model_type") != "llama":
         raise SpecError(source, "architectures", architectures, f"a Llama architecture ({', '.join(ARCHITECTURES)})")
