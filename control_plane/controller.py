@@ -580,7 +580,13 @@ class ControlPlane:
     def _soon(self, work, name: str) -> None:
         task = asyncio.create_task(work, name=name)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("%s failed: %s: %s", task.get_name(), type(exc).__name__, str(exc)[:300])
 
     async def _grow_onto(self, node: str) -> None:
         """Offer a node that connected (new, or lost and back) to the running jobs, oldest
