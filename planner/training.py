@@ -126,18 +126,11 @@ def schedule_from(f: Fields | None, optimizer: Optimizer) -> Schedule:
 
 
 def training_from(f: Fields) -> tuple[Optimizer, Schedule]:
-    """The `optimizer` and `schedule` keys of a mapping (a job file, or an --optimizer file)."""
+    """The `optimizer` and `schedule` keys of a job file."""
     opt_fields = f.mapping("optimizer") if "optimizer" in f.data else None
     optimizer = optimizer_from(opt_fields)
     sched_fields = f.mapping("schedule") if "schedule" in f.data else None
     return optimizer, schedule_from(sched_fields, optimizer)
-
-
-def training_from_dict(data, source: str) -> tuple[Optimizer, Schedule]:
-    """An --optimizer file: a mapping with optimizer and/or schedule."""
-    f = Fields(data, source)
-    f.reject_unknown({"optimizer", "schedule"})
-    return training_from(f)
 
 
 SYNTHETIC = "synthetic"

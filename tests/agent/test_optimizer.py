@@ -13,7 +13,8 @@ import yaml
 from drover.agent.runtime.launch import train_reference, train_workers
 from drover.planner.errors import SpecError
 from drover.planner.model import load_model
-from drover.planner.training import Optimizer, Schedule, Training, lr_at, training_from_dict
+from drover.planner.spec_io import Fields
+from drover.planner.training import TRAINING_KEYS, Optimizer, Schedule, Training, lr_at, training_from_job
 
 from support import DP2_PP2, MIXED_TP, ROOT, THREE, assert_matches_reference, trace
 
@@ -50,6 +51,14 @@ def test_cosine_with_all_steps_warmup():
 
 
 # -- the parser -------------------------------------------------------------------
+
+
+def training_from_dict(data: dict, source: str) -> tuple[Optimizer, Schedule]:
+    """The optimizer and schedule of a job file's training keys, as the agents read them."""
+    f = Fields({"steps": 1} | data, source)
+    f.reject_unknown(TRAINING_KEYS)
+    training = training_from_job(f)
+    return training.optimizer, training.schedule
 
 
 def test_parser_reads_every_field_and_defaults():
@@ -130,8 +139,6 @@ def test_clipped_scheduled_run_through_switches_equals_reference(model, tmp_path
 def test_settings_survive_the_trip_to_the_workers(schedule):
     """What the control plane sends is what the workers' parser reads back (the default schedule
     once failed every job on its way to the agents)."""
-    from drover.planner.training import training_from_dict
-
     sent = training_from_dict({"optimizer": {"lr": 3e-3, "clip_norm": 1.0}, "schedule": schedule}, "job")
     wire = {"optimizer": sent[0].to_dict(), "schedule": sent[1].to_dict()}
     assert training_from_dict(wire, "wire") == sent

@@ -33,6 +33,26 @@ def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
         assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
 
 
+def drover_up(job_file: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """`drover up` with a job, as a user runs it; it must exit 0."""
+    run = subprocess.run(
+        DROVER + ["up", "--job", str(job_file), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def ended(c: LocalCluster, job_id: str, timeout_s: float):
+    """The job once it is no longer running."""
+    return c.wait_until(
+        lambda: c.job(job_id) if c.job(job_id).state != state_pb2.JOB_STATE_RUNNING else None, timeout_s
+    )
+
+
 def events_of(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
@@ -63,27 +83,7 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
         )
         + "\n"
     )
-    run = subprocess.run(
-        DROVER
-        + [
-            "up",
-            "--nodes",
-            "2",
-            "--devices-per-node",
-            "2",
-            "--job",
-            str(TINY_JOB),
-            "--straggle",
-            "node-1/0=3@6",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = drover_up(TINY_JOB, out, "--nodes", "2", "--devices-per-node", "2", "--straggle", "node-1/0=3@6")
     events = events_of(out)
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
@@ -143,7 +143,7 @@ def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):
     forced = c.stub.Replan(jobs_pb2.ReplanRequest(job_id=job.id, reason="after restart"))
     assert forced.version == newest + 1 >= 2  # the next version, never a reused one
     c.wait_until(lambda: c.job(job.id).committed_plan_version >= forced.version)
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 300)
+    final = ended(c, job.id, 300)
     assert final.state == state_pb2.JOB_STATE_COMPLETED, final.detail
     trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
     assert len(trace) == 60 and trace[-1]["step"] > step_before
@@ -179,7 +179,7 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     assert os.sched_getscheduler(c.agents[1].pid) == os.SCHED_BATCH  # waits its turn rather than preempt
     assert [os.sched_getscheduler(w) for w in workers] == [os.SCHED_OTHER] * 2
     os.kill(workers[-1], signal.SIGKILL)
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    final = ended(c, job.id, 120)
     assert final.state == state_pb2.JOB_STATE_FAILED and "exited" in final.detail
     kinds = [e.kind for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
     assert "workers_failed" in kinds and kinds[-1] == "job_failed"
@@ -241,11 +241,11 @@ def test_an_out_dir_that_leads_outside_the_data_root_fails_only_that_job(local_c
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
     c = local_cluster(nodes=1, devices_per_node=2)
     job = c.submit(job_file, "escape/run")
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    final = ended(c, job.id, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "outside" in final.detail
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
     again = c.submit(job_file, "fine")  # the agent still serves other jobs
-    done = c.wait_until(lambda: c.job(again.id) if c.job(again.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    done = ended(c, again.id, 120)
     assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail
 
 
@@ -260,10 +260,10 @@ def test_a_job_whose_files_go_bad_fails_alone_and_the_agent_serves_the_next(loca
     c.wait_until(lambda: c.job(job.id).step >= 3)
     with open(tmp_path / "a" / "telemetry" / "node-0_0.jsonl", "a") as f:
         f.write("{this is not json\n")
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    final = ended(c, job.id, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "unreadable" in final.detail, final.detail
     after = c.submit(short_job, "b")
-    done = c.wait_until(lambda: c.job(after.id) if c.job(after.id).state != state_pb2.JOB_STATE_RUNNING else None, 120)
+    done = ended(c, after.id, 120)
     assert done.state == state_pb2.JOB_STATE_COMPLETED, done.detail
 
 
@@ -273,7 +273,7 @@ def test_an_unusable_out_dir_fails_the_job_with_its_cause(local_cluster, tmp_pat
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4\nseed: 2\n")
     c = local_cluster(nodes=1, devices_per_node=2)
     job = c.submit(job_file, "occupied")
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 60)
+    final = ended(c, job.id, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "could not start" in final.detail, final.detail
 
 
@@ -331,14 +331,7 @@ def test_a_node_killed_mid_job_is_survived_and_the_model_equals_the_reference(re
     job_file = tmp_path / "job.yaml"
     job_file.write_text(json.dumps(job))
     out = tmp_path / "out"
-    run = subprocess.run(
-        DROVER + ["up", "--job", str(job_file), "--kill", "node-1@6", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = drover_up(job_file, out, "--kill", "node-1@6")
     events = events_of(out)
     kinds = [e["kind"] for e in events]
     assert "node_lost" in kinds and "recovery_started" in kinds and kinds[-1] == "job_completed"
@@ -365,14 +358,7 @@ def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference
     job_file = tmp_path / "job.yaml"
     job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 120, "seed": 1}))
     out = tmp_path / "out"
-    run = subprocess.run(
-        DROVER + ["up", "--job", str(job_file), *faults, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    drover_up(job_file, out, *faults)
     events = events_of(out)
     joined = faults[-1].split("@")[0]
     (event,) = [e for e in events if e["kind"] == "node_joined"]
@@ -399,7 +385,7 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster,
     if scope == "node":
         c.killed.add(1)  # it is to die: the cluster's watch must not count it as a crash
     c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/1", rate=4.0))
-    final = c.wait_until(lambda: c.job(job.id) if c.job(job.id).state != state_pb2.JOB_STATE_RUNNING else None, 300)
+    final = ended(c, job.id, 300)
     assert final.state == state_pb2.JOB_STATE_COMPLETED, final.detail
     assert c.agents[1].poll() == (-9 if scope == "node" else None)
     events = [
