@@ -15,7 +15,7 @@ from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
 from .runtime.inputs import inside, open_inputs
 from .runtime.launch import worker_context
-from .runtime.worker import WorkerArgs, telemetry_file, worker_main
+from .runtime.worker import WorkerArgs, new_lines, telemetry_file, worker_main
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -216,15 +216,8 @@ class JobWorkers:
 
     def _tail(self, path: Path) -> list[dict]:
         """Complete lines added since the last call."""
-        try:
-            with path.open() as f:
-                f.seek(self._offsets.get(path, 0))
-                text = f.read()
-        except OSError:
-            return []
-        complete = text[: text.rfind("\n") + 1]
-        self._offsets[path] = self._offsets.get(path, 0) + len(complete.encode())
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        rows, self._offsets[path] = new_lines(path, self._offsets.get(path, 0))
+        return rows
 
     @property
     def active_version(self) -> int:

@@ -182,25 +182,15 @@ class TraceProgress:
         self.bar.stop()
 
     def update(self) -> None:
-        rows = _new_rows(self.path, self)
+        from drover.agent.runtime.worker import new_lines
+
+        rows, self.offset = new_lines(self.path, self.offset)
         if rows:
             last = rows[-1]
             tokens = last["samples_per_s"] * self.seq_len
             self.bar.update(
                 self.task, completed=last["step"] + 1, description=f"loss {last['loss']:.4f}  {tokens:,.0f} tok/s"
             )
-
-
-def _new_rows(path: Path, cursor) -> list[dict]:
-    try:
-        with path.open() as f:
-            f.seek(cursor.offset)
-            text = f.read()
-    except OSError:
-        return []
-    complete = text[: text.rfind("\n") + 1]
-    cursor.offset += len(complete.encode())
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def final_line(out: Path) -> str:

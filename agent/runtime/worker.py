@@ -55,6 +55,19 @@ _HELD = object()  # _switch's default: what the current plan holds
 log = logging.getLogger("drover.worker")
 
 
+def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The complete JSON lines a worker appended to `path` after byte `offset`, and the offset
+    after them (a line still being written waits for the next call)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+
 def telemetry_file(out: Path, device: str, suffix: str) -> Path:
     """OUT/telemetry/DEVICE.SUFFIX, the device id with '_' for '/' (node-1/0 -> node-1_0.jsonl)."""
     return out / "telemetry" / f"{device.replace('/', '_')}.{suffix}"
