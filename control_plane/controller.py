@@ -91,6 +91,7 @@ class RunningJob:
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
     reconciler: asyncio.Task | None = None
     ending: bool = False  # the reconcile task finishes its round and stops
+    world_change: asyncio.Lock = field(default_factory=asyncio.Lock)  # one recovery or growth at a time
 
     def state(self, detection_paused: bool) -> JobState:
         return JobState(
@@ -308,9 +309,16 @@ class ControlPlane:
         """Plan for the surviving devices (all but those of lost_nodes and the `lost` ones) and
         hand their workers a new world (agent Recover): they keep their state, take lost parts
         from replicas or roll back to a checkpoint."""
+        async with job.world_change:  # two losses at once: the second plans from the first's world
+            if not job.ending and self.jobs.get(job.id) is job:
+                await self._shrink(job, lost_nodes, lost)
+
+    async def _shrink(self, job: RunningJob, lost_nodes: set[str], lost: set[str]) -> None:
         keep = {d for d in job.ranks if d.split("/")[0] not in lost_nodes and d not in lost}
         left = [n for n in job.nodes if n not in lost_nodes and not any(d.split("/")[0] == n for d in keep)]
         lost_nodes = set(lost_nodes) | set(left)  # a node none of whose devices is left
+        if len(keep) == len(job.ranks):
+            return  # lost before, by an earlier recovery
         survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
         if survivors and all(job.node_states.get(n) == "completed" for n in survivors):
             # Lost after the last step, once the others had finished: nothing is left to recover.
@@ -608,19 +616,24 @@ class ControlPlane:
                     return [(n, [d for d in queries.devices_of(session, n) if mine(n, d)], queries.nics_of(session, n))
                             for n in members]  # fmt: skip
 
-                nodes = await self.store.query(usable)
-                if not nodes[-1][1]:
-                    return  # nothing free on it
-                cluster = planning.cluster_of(nodes)
-                now = evaluate(job.plan, cluster, job.spec.model).step_time_s
-                plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
-                grown = evaluate(plan, cluster, job.spec.model).step_time_s
-                if grown > now * (1 - self.settings.min_gain):
-                    job.join_skipped.add(node)
-                    await self._event(job, "join_skipped", {"node": node, "step_s_now": now, "step_s_grown": grown})
-                    continue
-                await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
-                return
+                async with job.world_change:
+                    if job.ending or job.committed != job.version:
+                        continue  # a recovery came first: the node is offered again once it commits
+                    nodes = await self.store.query(usable)
+                    if not nodes[-1][1]:
+                        return  # nothing free on it
+                    cluster = planning.cluster_of(nodes)
+                    now = evaluate(job.plan, cluster, job.spec.model).step_time_s
+                    plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
+                    grown = evaluate(plan, cluster, job.spec.model).step_time_s
+                    if grown > now * (1 - self.settings.min_gain):
+                        job.join_skipped.add(node)
+                        await self._event(job, "join_skipped", {"node": node, "step_s_now": now, "step_s_grown": grown})
+                        continue
+                    if node not in self.outboxes:
+                        return  # gone while planning
+                    await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
+                    return
 
     async def _new_world(
         self, job: RunningJob, plan: Plan, ranks: dict[str, int], nodes: list[str], reason: str
@@ -830,8 +843,14 @@ class ControlPlane:
         rates = job.detector.rates()
         observation = Observation(rates, tuple(job.detector.slow_links(rates)), forced=forced[0] if forced else "")
         state = job.state(self.detection_paused)
+        generation = job.generation
         actions = coordinator.decide(state, observation, self.settings)
         for action in actions:
+            if job.generation != generation:
+                # A recovery or a join changed the world while this round awaited (planning, the
+                # store): what it decided was for devices that may be gone. Decide again.
+                job.wake.set()
+                break
             if isinstance(action, coordinator.ProposePlan):
                 proposal = await self._propose(job, action.rates)
                 actions += coordinator.decide(state, replace(observation, proposal=proposal), self.settings)

@@ -81,3 +81,35 @@ async def test_a_node_still_connected_is_given_its_grace(plane):
     stalled(survivor, job.id)  # both streams are up: nobody is lost yet
     await asyncio.sleep(0.5)
     assert "recovery_started" not in [e.kind for e in await plane.events(job.id)]
+
+
+async def test_a_plan_made_for_the_world_before_a_recovery_is_not_pushed(plane):
+    """A replan already under way when a node is lost must not reach the survivors: its plan
+    names the lost node's devices (seen once in CI as a worker's KeyError: 'node-1/0')."""
+    survivor, doomed = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit()
+    for agent in (survivor, doomed):
+        await agent.receive()
+    propose = plane.cp._propose
+
+    async def recovery_while_planning(running, rates):
+        plane.cp._propose = propose
+        proposal = await propose(running, rates)  # planned over both nodes
+        doomed.call.cancel()
+        await eventually(lambda: "node-1" not in plane.cp.outboxes, what="node-1's stream to end")
+        stalled(survivor, job.id)
+        await eventually(lambda: running.generation == 1, what="the recovery")
+        return proposal
+
+    plane.cp._propose = recovery_while_planning
+    replan = asyncio.create_task(plane.cp.replan(job.id, "asked by the test"))
+    assert (await survivor.receive(timeout_s=5.0)).recover.generation == 1
+    try:
+        message = await survivor.receive(timeout_s=1.0)
+    except asyncio.TimeoutError:
+        message = None
+    if message is not None and message.HasField("plan"):
+        devices = {d for p in message.plan.plan.pipelines for s in p.stages for d in s.devices}
+        assert devices <= {"node-0/0", "node-0/1"}
+    replan.cancel()
