@@ -107,7 +107,7 @@ async def test_a_plan_made_for_the_world_before_a_recovery_is_not_pushed(plane):
     assert (await survivor.receive(timeout_s=5.0)).recover.generation == 1
     try:
         message = await survivor.receive(timeout_s=1.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         message = None
     if message is not None and message.HasField("plan"):
         devices = {d for p in message.plan.plan.pipelines for s in p.stages for d in s.devices}
