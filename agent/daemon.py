@@ -50,12 +50,14 @@ class Agent:
         work_dir: str = ".drover-agent",
         data_root: str = "drover-data",
         tls_dir: str | Path | None = None,
+        model_modules: tuple[str, ...] = (),
     ):
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         self.devices = discovery.devices(node, cpu_devices)
         self.nics = discovery.nics()
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root)  # every job's output lies inside it
+        self.model_modules = tuple(model_modules)  # what custom models' entry points may import
         self.credentials = _credentials(Path(tls_dir), node) if tls_dir is not None else None
         self.jobs: dict[str, JobWorkers] = {}
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
@@ -156,6 +158,7 @@ class Agent:
                     )
                     if start.generation
                     else None,
+                    model_modules=self.model_modules,
                 )
             except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)

@@ -13,6 +13,7 @@ from drover.planner.plan import Plan
 from drover.planner.spec_io import Fields
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
+from .runtime.custom import check_counts
 from .runtime.inputs import inside, open_inputs
 from .runtime.launch import worker_context
 from .runtime.worker import WorkerArgs, new_lines, telemetry_file, worker_main
@@ -28,6 +29,17 @@ def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Trainin
     f = Fields({"steps": steps, "seed": seed} | payload, "start_job.model_yaml")
     f.reject_unknown({"model"} | TRAINING_KEYS)
     return model_from_dict(payload["model"], "job model"), training_from_job(f)
+
+
+def allow_entry_point(entry_point: str, model_modules: tuple[str, ...]) -> None:
+    """A job names the code its workers import: only modules this agent's operator allowed."""
+    module = entry_point.partition(":")[0]
+    if not any(module == m or module.startswith(m + ".") for m in model_modules):
+        allowed = ", ".join(model_modules) if model_modules else "none"
+        raise ValueError(
+            f"model entry_point {entry_point[:200]!r}: module {module[:200]} is not one this agent may import "
+            f"(drover agent --model-modules; allowed: {allowed})"
+        )
 
 
 class FailedHere:
@@ -95,8 +107,10 @@ class JobWorkers:
         inbox_root: Path,
         data_root: Path,
         joining: tuple | None = None,
+        model_modules: tuple[str, ...] = (),
     ):
-        """joining: (generation, plan version, plan held, ranks) when the job grows onto this node."""
+        """joining: (generation, plan version, plan held, ranks) when the job grows onto this node;
+        model_modules: the Python modules (and their submodules) a custom model may be built by."""
         self.job_id, self.out_dir, self.node = job_id, out_dir, node
         if not JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
@@ -106,6 +120,9 @@ class JobWorkers:
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
         spec, training = worker_job(model, steps, seed)
+        if spec.family == "custom":
+            allow_entry_point(spec.entry_point, model_modules)
+            check_counts(spec)  # this node's copy of the user's code builds what was planned
         open_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         ctx = worker_context()
         if self.hosts_rank0:  # rank 0 rewrites these; an earlier job's must not be read meanwhile

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from drover.agent.runtime.launch import train_workers
-from drover.agent.runtime.model import GPT, config_of
+from drover.agent.runtime.model import Decoder, config_of
 from drover.planner.model import load_model
 from drover.planner.plan import plan_from_dict
 from drover.planner.ports import free_port
@@ -69,7 +69,7 @@ AFTER = two_by_two(12, 4)  # blocks 8-11 move local/1 -> local/0, blocks 4-7 mov
 
 def changed_owner_bytes() -> tuple[int, int]:
     """(blocks that change owner, bytes of those blocks with AdamW state: weights + 2 moments, fp32)."""
-    block = GPT(config_of(SPEC), SEED).blocks[0]
+    block = Decoder(config_of(SPEC), SEED).blocks[0]
     per_block = 3 * 4 * sum(p.numel() for p in block.parameters())
     moved = [b for b in range(SPEC.layers) if _owners(BEFORE, b) != _owners(AFTER, b)]
     return len(moved), len(moved) * per_block
@@ -133,7 +133,7 @@ def main() -> None:
             )
         )
     loopback = loopback_bandwidth(expected_bytes // blocks * 2)
-    params = sum(p.numel() for p in GPT(config_of(SPEC), SEED).parameters())
+    params = sum(p.numel() for p in Decoder(config_of(SPEC), SEED).parameters())
     report = {
         "model_parameters": params,
         "blocks": SPEC.layers,

@@ -62,12 +62,12 @@ def plain_torch_samples_per_s(spec, steps: int) -> float:
     import torch
 
     from drover.agent.runtime.data import Synthetic
-    from drover.agent.runtime.model import GPT, config_of, loss_sum
+    from drover.agent.runtime.model import Decoder, config_of, loss_sum
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a worker runs
     try:
-        model = GPT(config_of(spec), seed=0)
+        model = Decoder(config_of(spec), seed=0)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
         source = Synthetic(0, spec.seq_len, spec.vocab)
         rates = []

@@ -14,6 +14,8 @@ from drover.control_plane.jobfile import read_job_file
 from drover.planner.wire import is_loopback
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
 
+from .models import ModelReader
+
 DEFAULT_ADDRESS = os.environ.get("DROVER_CONTROL_PLANE", "127.0.0.1:50051")
 
 
@@ -43,12 +45,18 @@ def connect(target: Target) -> jobs_pb2_grpc.JobServiceStub:
 
 
 def submit_job(
-    stub: jobs_pb2_grpc.JobServiceStub, job_file: Path, out_dir: str = "", resume: str | None = None
+    stub: jobs_pb2_grpc.JobServiceStub,
+    job_file: Path,
+    out_dir: str = "",
+    resume: str | None = None,
+    reader: ModelReader | None = None,
 ) -> jobs_pb2.Job:
     """Submit a job file, read here with its model file inlined (a model path inside it is
-    relative to the file's folder). `out_dir` and `resume` are relative to each agent's data
-    root; an empty out_dir: the control plane's default. SpecError for a bad or unreadable file."""
-    request = jobs_pb2.SubmitJobRequest(job_yaml=read_job_file(job_file, resume), out_dir=out_dir)
+    relative to the file's folder; a custom model counted). `out_dir` and `resume` are relative
+    to each agent's data root; an empty out_dir: the control plane's default. SpecError for a
+    bad or unreadable file."""
+    job_yaml = read_job_file(job_file, resume, reader or ModelReader())
+    request = jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir=out_dir)
     return stub.SubmitJob(request)
 
 

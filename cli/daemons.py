@@ -186,6 +186,13 @@ def server(
     envvar="DROVER_DATA_ROOT",
     help="Jobs' outputs go here, each in the folder its job names (never outside).",
 )
+@click.option(
+    "--model-modules",
+    default="",
+    envvar="DROVER_MODEL_MODULES",
+    help="Comma-separated Python modules whose functions custom models (family custom) may name as "
+    "entry_point; their submodules too. None by default: a job names code its workers import.",
+)
 def agent(
     address: str,
     tls_dir: str | None,
@@ -195,6 +202,7 @@ def agent(
     interval: float,
     work_dir: str,
     data_root: str,
+    model_modules: str,
 ) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
@@ -204,7 +212,8 @@ def agent(
     if insecure and not is_loopback(address):
         raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
     _log_to_stderr()
-    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir)
+    modules = tuple(m.strip() for m in model_modules.split(",") if m.strip())
+    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir, modules)
     run_until_stopped(agent.run_forever())
 
 

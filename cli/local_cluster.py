@@ -43,8 +43,13 @@ class LocalCluster:
         connect_timeout_s: float = 120.0,
         data_root: Path | None = None,
         spare_nodes: tuple[str, ...] = (),
+        model_modules: tuple[str, ...] = (),
+        python_path: tuple[str, ...] = (),
     ):
+        """model_modules and python_path: what custom models' entry points import, and the
+        folders they are imported from (cli/models.py's ModelReader found both)."""
         self.work_dir = Path(work_dir)
+        self.model_modules, self.python_path = tuple(model_modules), tuple(python_path)
         self.data_root = Path(data_root or work_dir).resolve()
         self.logs = self.work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -85,10 +90,10 @@ class LocalCluster:
     def connected_nodes(self) -> int:
         return sum(n.connected for n in self.stub.ListNodes(jobs_pb2.ListNodesRequest(), timeout=2).nodes)
 
-    def submit(self, job_file: Path, out_dir: str = ".", resume: str | None = None) -> jobs_pb2.Job:
+    def submit(self, job_file: Path, out_dir: str = ".", resume: str | None = None, reader=None) -> jobs_pb2.Job:
         """Submit a job; its output goes to DATA_ROOT/out_dir (the agents' data root: WORK_DIR
         unless given)."""
-        return submit_job(self.stub, Path(job_file), out_dir, resume)
+        return submit_job(self.stub, Path(job_file), out_dir, resume, reader)
 
     def job(self, job_id: str) -> jobs_pb2.Job:
         return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
@@ -159,17 +164,26 @@ class LocalCluster:
             log_mode,
         )
 
-    def _start(self, args: list[str], log_name: str, log_mode: str, own_group: bool = False) -> subprocess.Popen:
+    def _start(
+        self, args: list[str], log_name: str, log_mode: str, own_group: bool = False, env: dict | None = None
+    ) -> subprocess.Popen:
         log = open(self.logs / log_name, log_mode)
         self._log_files.append(log)
-        return subprocess.Popen(DROVER + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+        return subprocess.Popen(
+            DROVER + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group, env=env
+        )
 
     def _start_agent(self, name: str, log_mode: str) -> subprocess.Popen:
         args = ["agent", "--control-plane", self.agent_address, "--tls-dir", str(self.certs), "--node", name]
         args += ["--cpu-devices", str(self.devices_per_node), "--interval", str(self.telemetry_interval_s)]
         args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]
+        env = None
+        if self.model_modules:
+            args += ["--model-modules", ",".join(self.model_modules)]
+            paths = [*self.python_path, os.environ.get("PYTHONPATH", "")]
+            env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         # In a process group of its own: kill_node takes the agent with its workers.
-        return self._start(args, f"agent-{name.removeprefix('node-')}.log", log_mode, own_group=True)
+        return self._start(args, f"agent-{name.removeprefix('node-')}.log", log_mode, own_group=True, env=env)
 
     def start_node(self, name: str) -> None:
         """Start (or start again, after kill_node) the agent of node NAME; it must have had a

@@ -11,7 +11,6 @@ import click
 from rich.console import Console
 
 from drover.planner.cluster import load_cluster
-from drover.planner.model import load_model
 from drover.planner.plan import load_plan
 from drover.planner.search import STRATEGIES, make_plan
 from drover.planner.simulate import load_events
@@ -19,6 +18,7 @@ from drover.planner.simulate import simulate as simulate_run
 from drover.planner.spec_io import Fields
 from drover.planner.training import Training, relative_path
 
+from .models import ModelReader, read_model
 from .options import parse_slowdowns
 from .render import render_plan, render_simulation
 
@@ -44,7 +44,7 @@ def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) 
         return
     if not cluster_file or not model_file:
         raise click.UsageError("--cluster and --model are required to plan offline")
-    cluster, model = load_cluster(cluster_file), load_model(model_file)
+    cluster, model = load_cluster(cluster_file), read_model(model_file)
     result = make_plan(cluster, model, strategy)
     click.echo(result.to_json() if as_json else render_plan(result, cluster, model))
 
@@ -63,7 +63,7 @@ def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) 
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 def simulate(cluster_file: str, model_file: str, events_file: str, steps: int, as_json: bool) -> None:
     """Replay a run under changing device rates for drover, uniform and drop-and-restart."""
-    cluster, model = load_cluster(cluster_file), load_model(model_file)
+    cluster, model = load_cluster(cluster_file), read_model(model_file)
     runs = simulate_run(cluster, model, load_events(events_file, cluster), steps)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
@@ -138,13 +138,13 @@ def train(
     if bool(job_file) == bool(model_file):
         raise click.UsageError("give one of --job FILE or --model FILE")
     if job_file:
-        job = load_job(job_file)
+        job = load_job(job_file, ModelReader())
         spec, training = job.model, job.training
         training = replace(training, steps=steps or training.steps, seed=training.seed if seed is None else seed)
     else:
         if not steps:
             raise click.UsageError("--steps is required with --model")
-        spec, training = load_model(model_file), Training(steps, seed or 0)
+        spec, training = read_model(model_file), Training(steps, seed or 0)
     if resume:
         training = replace(training, resume=relative_path(Fields({"resume": resume}, "--resume"), "resume"))
     if reference:

@@ -12,10 +12,12 @@ from pathlib import Path
 import click
 import grpc
 
+from drover.control_plane.jobfile import load_job
 from drover.planner.wire import job_state_name
 
 from .client import jobs_pb2
 from .local_cluster import LocalCluster
+from .models import ModelReader
 from .options import parse_slowdowns
 from .render import progress_line, table
 
@@ -95,8 +97,18 @@ def up(
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
     spares = tuple(f"node-{index}" for index, _ in joins)
-    with LocalCluster(out, nodes, devices_per_node, data_root=root, spare_nodes=spares) as cluster:
-        submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume)
+    reader = ModelReader()
+    load_job(job_file, reader)  # a bad file fails before any process starts; a custom model's code is found
+    with LocalCluster(
+        out,
+        nodes,
+        devices_per_node,
+        data_root=root,
+        spare_nodes=spares,
+        model_modules=tuple(reader.modules),
+        python_path=tuple(reader.folders),
+    ) as cluster:
+        submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
         click.echo(
             f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
             f"{devices_per_node} devices; control plane {cluster.address}"

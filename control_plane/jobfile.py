@@ -11,6 +11,7 @@ aliases, so a few hundred bytes cannot expand into gigabytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,16 +93,25 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
     return _job(data, source, base_dir=None)
 
 
-def _job(data, source: str, base_dir: Path | None) -> JobSpec:
+# A model's fields, completed where the files are read (the CLI counts a custom model's
+# parameters from its built parts: cli/models.py); given the path the model came from.
+Complete = Callable[[dict, Path], dict]
+
+
+def _as_given(model_data: dict, path: Path) -> dict:
+    return model_data
+
+
+def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_given) -> JobSpec:
     f = Fields(data, source)
     f.reject_unknown({"name", "model", "resources", "recoveries"} | TRAINING_KEYS)
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
-        model_data = load_mapping(model_path, "model")
+        model_data = complete(load_mapping(model_path, "model"), model_path)
         model = model_from_dict(model_data, str(model_path))
     elif isinstance(raw_model, dict):
-        model_data = raw_model
+        model_data = complete(raw_model, Path(source)) if base_dir is not None else raw_model
         model = model_from_dict(model_data, f"{source}: model")
     elif base_dir is None:
         raise f.error("model", raw_model, "the model inline: the server opens no paths (the CLI inlines model files)")
@@ -123,19 +133,19 @@ def _job(data, source: str, base_dir: Path | None) -> JobSpec:
     return JobSpec(model, model_data, training_from_job(f), resources, recoveries)
 
 
-def load_job(path: str | Path) -> JobSpec:
+def load_job(path: str | Path, complete: Complete = _as_given) -> JobSpec:
     """A job file on this machine; its model path is relative to the file."""
     path = Path(path)
-    return _job(load_mapping(path, "job"), str(path), path.parent)
+    return _job(load_mapping(path, "job"), str(path), path.parent, complete)
 
 
-def read_job_file(path: str | Path, resume: str | None = None) -> str:
+def read_job_file(path: str | Path, resume: str | None = None, complete: Complete = _as_given) -> str:
     """A job file as the server takes it: YAML with the model inline (read here), and
     `resume` (a checkpoint directory under the agents' data root) if given."""
     path = Path(path)
     data = load_mapping(path, "job")
     if resume:
         data["resume"] = resume
-    job = _job(dict(data), str(path), path.parent)  # checked here: a bad file fails where the user can fix it
+    job = _job(dict(data), str(path), path.parent, complete)  # checked here: a bad file fails where the user can fix it
     data["model"] = job.model_data
     return yaml.safe_dump(data, sort_keys=False)

@@ -143,7 +143,7 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         for p in range(D):
             paid[p][cursor[p]] += (b - a) * per_block
     emb = sync(model.embedding_params, [row[0] for row in costs])
-    head = sync(model.embedding_params, [row[-1] for row in costs])
+    head = sync(model.head_params, [row[-1] for row in costs])
     for row_paid in paid:
         row_paid[0] += emb
         row_paid[-1] += head
@@ -173,7 +173,7 @@ def with_prediction(plan: Plan, cluster: Cluster, model: ModelSpec) -> Plan:
 
 def stage_memory_bytes(n: int, k: int, S: int, m: int, t: int, model: ModelSpec) -> float:
     """Bytes one device of stage k (of S, t devices, m micro-batches) holds: section 5."""
-    params = n * model.block_params + (k == 0) * model.embedding_params + (k == S - 1) * model.embedding_params
+    params = n * model.block_params + (k == 0) * model.embedding_params + (k == S - 1) * model.head_params
     in_flight = min(S - k, m)
     return (BYTES_PER_PARAM * params + in_flight * n * model.block_activation_memory) / t
 
@@ -211,10 +211,15 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
             if len({devices[d].node for d in s.devices}) > 1:
                 raise PlanError("tp-group-across-nodes", f"{where} devices {list(s.devices)} span several nodes")
             if not model.tp_divides(len(s.devices)):
+                splits = ""
+                if model.counted is not None:
+                    sizes = model.counted.tp_split_sizes
+                    splits = f" and the split dimensions ({', '.join(map(str, sizes))})" if sizes else ""
+                    splits += "" if sizes else "; the model declares no tensor-parallel splits (TP 1 only)"
                 raise PlanError(
                     "tp-does-not-divide-heads",
                     f"{where} has {len(s.devices)} devices; its TP size must divide heads "
-                    f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads})",
+                    f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads}){splits}",
                 )
             if s.n < 1:
                 raise PlanError("empty-stage", f"{where} layers {list(s.layers)} hold no block (n must be >= 1)")

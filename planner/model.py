@@ -1,15 +1,31 @@
 """The model: a decoder of `layers` identical blocks described by a few numbers
 (section 2). `family` picks the block: gpt (LayerNorm, GELU MLP, multi-head
-attention) or llama (RMSNorm, SwiGLU MLP, grouped-query attention, rotary
-positions)."""
+attention), llama (RMSNorm, SwiGLU MLP, grouped-query attention, rotary
+positions), or custom: the user's own parts, built by the Python function the
+model file names (`entry_point`, docs/models.md). The planner imports no user
+code: a custom model's parameter counts and tensor-parallel splits are counted
+from its built parts on the user's side (agent/runtime/custom.py) and arrive
+in the model as `counted`."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from .spec_io import Fields, load_mapping
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A custom model's parameters per part, and the sizes of the dimensions its block's
+    weights split along under tensor parallelism (none: it runs with TP 1)."""
+
+    block_params: int
+    embedding_params: int
+    head_params: int
+    tp_split_sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -29,14 +45,22 @@ class ModelSpec:
     # Numerics the cost model does not see, only the runtime (and Hugging Face configs).
     rope_theta: float = 10_000.0  # llama: base of the rotary frequencies
     norm_eps: float = 1e-5  # epsilon of LayerNorm (gpt) or RMSNorm (llama)
+    entry_point: str = ""  # custom: "module:function" that builds each part
+    # custom: what its built parts hold, counted where the user's code runs (never here):
+    counted: Counted | None = None
 
     def __post_init__(self):
         if not self.kv_heads:
             object.__setattr__(self, "kv_heads", self.heads)
 
     def tp_divides(self, t: int) -> bool:
-        """Rule 6: tensor parallelism splits whole heads, key/value heads and MLP columns."""
-        return self.heads % t == 0 and self.ffn_hidden % t == 0 and self.kv_heads % t == 0
+        """Rule 6: tensor parallelism splits whole heads, key/value heads and MLP columns;
+        a custom model's declared split dimensions too, and one that declares none runs unsplit."""
+        rule6 = self.heads % t == 0 and self.ffn_hidden % t == 0 and self.kv_heads % t == 0
+        if self.counted is not None:
+            sizes = self.counted.tp_split_sizes
+            return t == 1 or (rule6 and bool(sizes) and all(size % t == 0 for size in sizes))
+        return rule6
 
     @property
     def micro_batches(self) -> int:  # M
@@ -53,14 +77,20 @@ class ModelSpec:
 
     @cached_property
     def block_params(self) -> int:  # P
+        if self.counted is not None:
+            return self.counted.block_params
         h, f = self.hidden, self.ffn_hidden
         if self.family == "llama":  # q and o, k and v (kv_heads of heads), gate, up and down
             return 2 * h * h + 2 * h * (h * self.kv_heads // self.heads) + 3 * h * f
         return 4 * h * h + 2 * h * f
 
     @cached_property
-    def embedding_params(self) -> int:  # PE (the head has its own, untied)
-        return self.vocab * self.hidden
+    def embedding_params(self) -> int:  # PE
+        return self.counted.embedding_params if self.counted is not None else self.vocab * self.hidden
+
+    @cached_property
+    def head_params(self) -> int:  # PE too for gpt and llama: the head is untied, V x h
+        return self.counted.head_params if self.counted is not None else self.vocab * self.hidden
 
     @cached_property
     def activation_bytes(self) -> int:  # A
@@ -72,7 +102,7 @@ class ModelSpec:
 
     @property
     def parameters(self) -> int:
-        return self.layers * self.block_params + 2 * self.embedding_params
+        return self.layers * self.block_params + self.embedding_params + self.head_params
 
 
 _KEYS = {
@@ -90,8 +120,13 @@ _KEYS = {
     "mfu",
     "rope_theta",
     "norm_eps",
+    "entry_point",
+    "counted",
 }
-FAMILIES = ("gpt", "llama")
+FAMILIES = ("gpt", "llama", "custom")
+# module.path:function, importable where the workers run; never a file path.
+ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+COUNTED_KEYS = ("block_params", "embedding_params", "head_params", "tp_split_sizes")
 # Far past any model trained today, and small enough that planning stays bounded: a model
 # arrives from the network too.
 LIMITS = {
@@ -123,8 +158,8 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
     if hidden % heads:
         raise f.error("heads", heads, f"a divisor of hidden ({hidden})")
     kv_heads = f.integer("kv_heads", heads, maximum=heads)
-    if family == "gpt" and kv_heads != heads:
-        raise f.error("kv_heads", kv_heads, f"equal to heads ({heads}) for family gpt (multi-head attention)")
+    if family != "llama" and kv_heads != heads:
+        raise f.error("kv_heads", kv_heads, f"equal to heads ({heads}) for family {family} (multi-head attention)")
     if heads % kv_heads:
         raise f.error("kv_heads", kv_heads, f"a divisor of heads ({heads})")
     global_batch = f.integer("global_batch", maximum=LIMITS["global_batch"])
@@ -135,6 +170,16 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         raise f.error(
             "micro_batch", micro_batch, f"at least global_batch / {MAX_MICRO_BATCHES} (micro-batches per step)"
         )
+    entry_point, counted = "", None
+    if family == "custom":
+        entry_point = f.string("entry_point")
+        if len(entry_point) > 200 or not ENTRY_POINT.fullmatch(entry_point):
+            raise f.error("entry_point", entry_point[:200], "module.path:function (an importable Python name)")
+        counted = counted_from(f)
+    else:
+        for key in ("entry_point", "counted"):
+            if key in f.data:
+                raise f.error(key, f.data[key], "only for family custom")
     return ModelSpec(
         name=f.string("name", Path(source).stem),
         layers=f.integer("layers", maximum=LIMITS["layers"]),
@@ -150,6 +195,26 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         kv_heads=kv_heads,
         rope_theta=f.number("rope_theta", 10_000.0, maximum=1e9),
         norm_eps=f.number("norm_eps", 1e-5, maximum=0.1),
+        entry_point=entry_point,
+        counted=counted,
+    )
+
+
+def counted_from(f: Fields) -> Counted:
+    if "counted" not in f.data:
+        allowed = "the counts drover's CLI writes from the built parts (submit the model file through drover)"
+        raise f.error("counted", "(missing)", allowed)
+    c = f.mapping("counted")
+    c.reject_unknown(set(COUNTED_KEYS))
+    limit = 1 << 40
+    sizes = c.items("tp_split_sizes", [])
+    if len(sizes) > 64 or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= limit for n in sizes):
+        raise c.error("tp_split_sizes", sizes[:64], f"at most 64 sizes, each from 1 to {limit}")
+    return Counted(
+        c.integer("block_params", maximum=limit),
+        c.integer("embedding_params", maximum=limit),
+        c.integer("head_params", maximum=limit),
+        tuple(sizes),
     )
 
 

@@ -112,7 +112,7 @@ def _blocks_per_stage(shape: tuple, model: ModelSpec, mu: float, sync_factor: fl
         weights.append(w)
         extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
         # Section 5's memory, solved for n, with the most micro-batches in flight (m = M).
-        fixed = BYTES_PER_PARAM * model.embedding_params * ((k == 0) + (k == S - 1))
+        fixed = BYTES_PER_PARAM * (model.embedding_params * (k == 0) + model.head_params * (k == S - 1))
         per_block = BYTES_PER_PARAM * model.block_params + min(S - k, M) * model.block_activation_memory
         caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
     if min(caps) < 1 or sum(caps) < L:

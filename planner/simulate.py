@@ -346,7 +346,7 @@ def migration_seconds(old: Plan, new: Plan, cluster: Cluster, model: ModelSpec, 
             if k == 0:
                 pieces.append((model.embedding_params, embedding_holders))
             if k == last:
-                pieces.append((model.embedding_params, head_holders))
+                pieces.append((model.head_params, head_holders))
             if any(not holders for _, holders in pieces):
                 return restart_s
             t = len(stage.devices)

@@ -46,12 +46,12 @@ from drover.planner.plan import Plan
 from . import layout
 from .model import config_of, part_prefix
 from .optim import STATE_KEYS
-from .parts import empty_part
+from .parts import empty_part, meta_part
 from .tensor_parallel import split_dim, unshard
 
 STEP_DIR = re.compile(r"step-(\d{8,})")
 META = "drover.json"
-ARCHITECTURE = ("family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")
+ARCHITECTURE = ("family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "entry_point")
 
 
 def savers(plan: Plan, ranks: dict[str, int]) -> dict[layout.Part, tuple[int, ...]]:
@@ -78,7 +78,7 @@ def _entries(parts: dict, state: dict, role: layout.Role | None, tp_pg, device: 
         for name, p in module.named_parameters():
             key = part_prefix(part) + name
             tensors = {key: p.data} | {f"optim.{key}.{k}": state[part][name][k] for k in STATE_KEYS}
-            dim = split_dim(part, name)
+            dim = split_dim(module, name)
             for k, tensor in tensors.items():
                 if dim is not None and t > 1:
                     shape = list(tensor.shape)
@@ -152,6 +152,7 @@ def check_resumable(checkpoint: Path, spec: ModelSpec, steps: int) -> int:
     """The step a checkpoint resumes at; refuses one of another model or past the job's end."""
     meta = read_meta(checkpoint)
     saved = meta.get("model", {})
+    saved.setdefault("entry_point", "")  # gpt and llama write none
     for key in ARCHITECTURE:
         if saved.get(key) != getattr(spec, key):
             raise SpecError(
@@ -173,7 +174,11 @@ def load_checkpoint(
 
 
 def model_meta(spec: ModelSpec) -> dict:
-    return dataclasses.asdict(spec)
+    """The model as model_from_dict reads it back (a custom model with its counts)."""
+    meta = dataclasses.asdict(spec)
+    if spec.counted is None:
+        del meta["entry_point"], meta["counted"]
+    return meta
 
 
 def save_model(out: Path, rank: int, world: int, role: layout.Role | None, parts, layers: int, spec: ModelSpec) -> None:
@@ -195,12 +200,13 @@ def save_model(out: Path, rank: int, world: int, role: layout.Role | None, parts
     for held in gathered:
         for part, (key, params) in held.items():
             shards[part].setdefault(key, params)
-    full = {}
+    full, cfg = {}, config_of(spec)
     for part in layout.part_order(layers):
         t = min(t for t, _ in shards[part])
         pieces = [shards[part][(t, r)] for r in range(t)]
+        template = meta_part(cfg, part)
         for name in pieces[0]:
-            full[part_prefix(part) + name] = unshard([piece[name] for piece in pieces], part, name).clone()
+            full[part_prefix(part) + name] = unshard([p[name] for p in pieces], split_dim(template, name)).clone()
     torch.save(full, out / "model.pt")
     (out / "model.json").write_text(json.dumps(model_meta(spec)))
 

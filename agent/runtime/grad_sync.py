@@ -46,7 +46,7 @@ def sync_gradients(
         t, r = len(role.group), role.tp_rank
         fulls = []
         for part, name, p in params:
-            dim = split_dim(part, name)
+            dim = split_dim(parts[part], name)
             full = torch.zeros(_full_shape(p.shape, dim, t), device=device)
             if dim is not None:
                 full.narrow(dim, r * p.shape[dim], p.shape[dim]).copy_(p.grad)
@@ -58,7 +58,7 @@ def sync_gradients(
         offset = 0
         for (part, name, p), full in zip(params, fulls):
             summed = flat[offset : offset + full.numel()].view_as(full)
-            p.grad.copy_(shard(summed, part, name, t, r))
+            p.grad.copy_(shard(summed, split_dim(parts[part], name), t, r))
             offset += full.numel()
 
 

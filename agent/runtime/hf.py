@@ -25,7 +25,7 @@ from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.spec_io import load_mapping
 
-from .model import EMBED, HEAD, GPTConfig, part_prefix
+from .model import EMBED, HEAD, DecoderConfig, part_prefix
 from .parts import empty_part
 
 ARCHITECTURES = ("LlamaForCausalLM",)
@@ -153,7 +153,7 @@ class HfWeights:
                 out[ours] = f.get_tensor(theirs).to(torch.float32)
         return out
 
-    def module(self, cfg: GPTConfig, part) -> torch.nn.Module:
+    def module(self, cfg: DecoderConfig, part) -> torch.nn.Module:
         """The whole part, on the CPU, holding the directory's weights."""
         module = empty_part(cfg, part, 1, 0, torch.device("cpu"))
         module.load_state_dict(self.part(part))

@@ -22,7 +22,7 @@ from drover.planner.training import Training, lr_at
 
 from .checkpoint import model_meta
 from .inputs import open_inputs
-from .model import EMBED, GPT, HEAD, config_of, loss_sum
+from .model import EMBED, HEAD, Decoder, config_of, loss_sum
 from .optim import AdamW, clip_factor, local_sq_norm
 from .worker import WorkerArgs, worker_main
 
@@ -126,7 +126,7 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = config_of(spec)
-    model = GPT(cfg, training.seed)
+    model = Decoder(cfg, training.seed)
     if inputs.init:
         for part in [EMBED, *range(spec.layers), HEAD]:
             target = model.embed if part == EMBED else model.head if part == HEAD else model.blocks[part]

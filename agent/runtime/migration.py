@@ -28,7 +28,7 @@ import torch.distributed as dist
 from drover.planner.plan import Plan
 
 from . import layout
-from .model import GPTConfig
+from .model import DecoderConfig
 from .optim import AdamW
 from .parts import assemble, empty_part, pack, unpack
 from .tensor_parallel import shard_block
@@ -52,7 +52,7 @@ def migrate(
     ranks: dict[str, int],
     rank: int,
     role: layout.Role | None,
-    cfg: GPTConfig,
+    cfg: DecoderConfig,
     parts: dict,
     state: dict,
     origin: Callable[[layout.Part], torch.nn.Module],
@@ -87,7 +87,7 @@ def migrate(
 
 
 def _exchange(
-    moves: list, rank: int, parts: dict, state: dict, cfg: GPTConfig, device: torch.device, fault=None
+    moves: list, rank: int, parts: dict, state: dict, cfg: DecoderConfig, device: torch.device, fault=None
 ) -> tuple[dict, int, int]:
     """Send and receive this worker's moves. Returns part -> {(t, r): (params, state)} of the
     shards it is to build its parts from (its own included where it re-slices one it keeps),

@@ -1,18 +1,22 @@
-"""GPT- and Llama-style decoders for one device, in the spirit of nanoGPT.
+"""GPT- and Llama-style decoders for one device, in the spirit of nanoGPT,
+and the user's own (family custom).
 
 The model is an embedding, a list of blocks, and a head (final norm and an
 untied LM head). `family` picks the parts: gpt (token + learned position
-embedding, LayerNorm, multi-head attention, GELU MLP) or llama (token
+embedding, LayerNorm, multi-head attention, GELU MLP), llama (token
 embedding only, RMSNorm, rotary positions, grouped-query attention with
-kv_heads key/value heads, SwiGLU MLP). Every part is initialised from
-(seed, part) alone, so any process can build any block identically and
-without the others. Nothing here knows about parallelism: tensor
-parallelism is applied afterwards by `tensor_parallel.py`, which slices the
-weights and swaps the `enter`/`exit` hooks of a block.
+kv_heads key/value heads, SwiGLU MLP), or custom: the parts the function
+named by the model's `entry_point` builds (docs/models.md). Every part is
+initialised from (seed, part) alone, so any process can build any block
+identically and without the others. Nothing here knows about parallelism:
+tensor parallelism is applied afterwards by `tensor_parallel.py`, which
+slices the weights a block lists in `tp_splits` and swaps its `enter`/`exit`
+hooks.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +28,7 @@ from drover.planner.model import ModelSpec
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class DecoderConfig:
     layers: int = 4
     hidden: int = 64
     ffn_hidden: int = 256
@@ -35,6 +39,7 @@ class GPTConfig:
     kv_heads: int = 0  # key/value heads (llama); 0 means heads
     rope_theta: float = 10_000.0  # llama
     norm_eps: float = 1e-5
+    entry_point: str = ""  # custom: "module:function" building each part
 
     @property
     def head_dim(self) -> int:
@@ -69,7 +74,7 @@ def _init_(module: nn.Module, seed: int) -> nn.Module:
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
@@ -83,7 +88,10 @@ class Block(nn.Module):
     """Pre-norm attention and MLP. Linear layers carry no bias, so a
     row-parallel split needs no special case for it."""
 
-    def __init__(self, cfg: GPTConfig):
+    # Column-parallel (rows split: heads/t heads, ffn/t units) and row-parallel (columns split).
+    tp_splits = {"q.weight": 0, "k.weight": 0, "v.weight": 0, "fc.weight": 0, "proj.weight": 1, "out.weight": 1}
+
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.cfg = cfg
         self.norm1 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
@@ -109,7 +117,7 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
@@ -145,7 +153,7 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class LlamaEmbedding(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
 
@@ -158,7 +166,12 @@ class LlamaBlock(nn.Module):
     heads, each shared by heads/kv_heads consecutive query heads) with rotary
     positions, then a SwiGLU MLP. No biases; the same enter/exit hooks as Block."""
 
-    def __init__(self, cfg: GPTConfig):
+    tp_splits = {
+        **{f"{name}.weight": 0 for name in ("q", "k", "v", "gate", "up")},  # heads/t, kv_heads/t, ffn/t
+        **{f"{name}.weight": 1 for name in ("o", "down")},
+    }
+
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
@@ -188,7 +201,7 @@ class LlamaBlock(nn.Module):
 
 
 class LlamaHead(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
@@ -205,10 +218,10 @@ FAMILIES: dict[str, tuple[type, type, type]] = {  # family -> (embedding, block,
 }
 
 
-def config_of(spec: ModelSpec) -> GPTConfig:
-    if spec.family not in FAMILIES:
-        raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}")
-    return GPTConfig(
+def config_of(spec: ModelSpec) -> DecoderConfig:
+    if spec.family not in FAMILIES and spec.family != "custom":
+        raise SpecError(spec.name, "family", spec.family, f"one of {', '.join(FAMILIES)}, custom")
+    return DecoderConfig(
         spec.layers,
         spec.hidden,
         spec.ffn_hidden,
@@ -219,17 +232,42 @@ def config_of(spec: ModelSpec) -> GPTConfig:
         spec.kv_heads,
         spec.rope_theta,
         spec.norm_eps,
+        spec.entry_point,
     )
 
 
-def part_kind(cfg: GPTConfig, part: int | str) -> type:
-    """The module class of a part in the config's family."""
+def build_part(cfg: DecoderConfig, part: int | str, seed: int, meta: bool = False) -> nn.Module:
+    """Part `part` (EMBED, a block's index or HEAD) initialised from (seed, part) alone;
+    `meta`: its shapes only, for a module to be filled later."""
+    if cfg.family == "custom":
+        return _build_custom(cfg, part, seed)
     embedding, block, head = FAMILIES[cfg.family]
-    return {EMBED: embedding, HEAD: head}.get(part, block)
+    module = {EMBED: embedding, HEAD: head}.get(part, block)(cfg)
+    return module if meta else _init_(module, part_seed(seed, part))
 
 
-def build_part(cfg: GPTConfig, part: int | str, seed: int) -> nn.Module:
-    return _init_(part_kind(cfg, part)(cfg), part_seed(seed, part))
+def entry_point(cfg: DecoderConfig):
+    """The function a custom model's entry_point names (imported here, in the worker)."""
+    module_name, _, function = cfg.entry_point.partition(":")
+    try:
+        builder = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError("model", "entry_point", cfg.entry_point, f"an importable function ({exc})") from None
+    if not callable(builder):
+        raise SpecError("model", "entry_point", cfg.entry_point, "a callable (module:function)")
+    return builder
+
+
+def _build_custom(cfg: DecoderConfig, part: int | str, seed: int) -> nn.Module:
+    # The global generator, seeded from (seed, part) around the call, makes PyTorch's default
+    # initialisation of the user's layers a function of (seed, part) too.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(part_seed(seed, part))
+        module = entry_point(cfg)(cfg, part, seed)
+    if not isinstance(module, nn.Module):
+        allowed = f"a function returning a torch.nn.Module for part {part!r}, not {type(module).__name__}"
+        raise SpecError("model", "entry_point", cfg.entry_point, allowed)
+    return module
 
 
 def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -238,10 +276,10 @@ def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return per_token.view(targets.shape).mean(dim=1).sum()
 
 
-class GPT(nn.Module):
+class Decoder(nn.Module):
     """The whole model on one device, of either family: the reference for every parallel run."""
 
-    def __init__(self, cfg: GPTConfig, seed: int):
+    def __init__(self, cfg: DecoderConfig, seed: int):
         super().__init__()
         self.embed = build_part(cfg, EMBED, seed)
         self.blocks = nn.ModuleList(build_part(cfg, i, seed) for i in range(cfg.layers))

@@ -10,27 +10,33 @@ import functools
 
 import torch
 
-from .model import EMBED, HEAD, GPTConfig, part_kind
+from .model import EMBED, HEAD, DecoderConfig, build_part
 from .optim import STATE_KEYS
-from .tensor_parallel import shard, shard_block, unshard
+from .tensor_parallel import shard, shard_block, split_dim, unshard
 
 
 @functools.cache
-def _meta_module(cfg: GPTConfig, kind: type) -> torch.nn.Module:
+def _meta_module(cfg: DecoderConfig, kind: str) -> torch.nn.Module:
     # Building on the meta device skips initialisation, but its first use of
     # each layer type costs about a second: build once per kind and copy.
+    # Blocks are alike (the cost model's L identical blocks), so block 0 stands for all.
     with torch.device("meta"):
-        return kind(cfg)
+        return build_part(cfg, 0 if kind == "block" else kind, seed=0, meta=True)
 
 
-def warm_up(cfg: GPTConfig) -> None:
+def meta_part(cfg: DecoderConfig, part) -> torch.nn.Module:
+    """The part's module on the meta device (shapes, names and splits; no storage). Shared: do not change."""
+    return _meta_module(cfg, "block" if isinstance(part, int) else part)
+
+
+def warm_up(cfg: DecoderConfig) -> None:
     for part in (EMBED, 0, HEAD):
-        _meta_module(cfg, part_kind(cfg, part))
+        meta_part(cfg, part)
 
 
-def empty_part(cfg: GPTConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
+def empty_part(cfg: DecoderConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
     """An uninitialised module of the part's shard (t, r), to be filled by a transfer."""
-    module = copy.deepcopy(_meta_module(cfg, part_kind(cfg, part))).to_empty(device=device)
+    module = copy.deepcopy(meta_part(cfg, part)).to_empty(device=device)
     if isinstance(part, int):
         shard_block(module, t, r)
     return module
@@ -64,7 +70,9 @@ def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
     return params, state
 
 
-def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict, device: torch.device) -> tuple[torch.nn.Module, dict]:
+def assemble(
+    cfg: DecoderConfig, part, t: int, r: int, pieces: dict, device: torch.device
+) -> tuple[torch.nn.Module, dict]:
     """A part's module and optimizer state for shard (t, r) from shards held elsewhere:
     pieces is {(t, r): (params, state)}, either shard (t, r) itself or all shards of one TP size."""
     module = empty_part(cfg, part, t, r, device)
@@ -75,7 +83,8 @@ def assemble(cfg: GPTConfig, part, t: int, r: int, pieces: dict, device: torch.d
         ordered = [pieces[(t_old, i)] for i in range(t_old)]
 
         def reslice(pieces, name):  # a copy: replicated tensors would otherwise pin a whole received buffer
-            return shard(unshard(pieces, part, name), part, name, t, r).clone()
+            dim = split_dim(module, name)
+            return shard(unshard(pieces, dim), dim, t, r).clone()
 
         params = {n: reslice([o[0][n] for o in ordered], n) for n in ordered[0][0]}
         state = {n: {k: reslice([o[1][n][k] for o in ordered], n) for k in STATE_KEYS} for n in ordered[0][0]}

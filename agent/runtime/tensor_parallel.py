@@ -1,4 +1,7 @@
-"""Megatron-style tensor parallelism applied to a one-device block of either family.
+"""Megatron-style tensor parallelism applied to a one-device block.
+
+A block says how its weights split by a class attribute, `tp_splits`
+(parameter name -> dimension); one that declares none runs with TP 1.
 
 gpt: q, k, v and fc are split by output rows (column-parallel: each rank
 keeps heads/t heads and ffn/t units), proj and out by input columns
@@ -8,7 +11,8 @@ heads find their shared key/value heads locally), gate and up by rows, o and
 down by columns. `enter` is identity forward and all-reduce backward; `exit`
 is all-reduce forward and identity backward. Norms are replicated. Shard
 (t, r) of a tensor is always the same slice of the full tensor, which is
-what lets a block move between groups of different sizes.
+what lets a block move between groups of different sizes. A user's block
+(docs/models.md) follows the same contract.
 """
 
 from __future__ import annotations
@@ -19,37 +23,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-# A block's parameter name -> dimension split across the group, for both
-# families (gpt: q k v fc proj out; llama: q k v o gate up down). Everything
-# else (norms, the embedding and the head) is replicated in the group.
-BLOCK_SPLIT_DIM = {
-    "q.weight": 0,
-    "k.weight": 0,
-    "v.weight": 0,
-    "fc.weight": 0,
-    "proj.weight": 1,
-    "out.weight": 1,
-    "gate.weight": 0,
-    "up.weight": 0,
-    "o.weight": 1,
-    "down.weight": 1,
-}
+
+def split_dim(module: nn.Module, name: str) -> int | None:
+    """The dimension the module's parameter `name` is split along in a TP group; None:
+    replicated (norms, and everything in embeddings and heads, which declare no splits)."""
+    return getattr(module, "tp_splits", {}).get(name)
 
 
-def split_dim(part, name: str) -> int | None:
-    return BLOCK_SPLIT_DIM.get(name) if isinstance(part, int) else None
-
-
-def shard(tensor: torch.Tensor, part, name: str, t: int, r: int) -> torch.Tensor:
-    dim = split_dim(part, name)
+def shard(tensor: torch.Tensor, dim: int | None, t: int, r: int) -> torch.Tensor:
     if t == 1 or dim is None:
         return tensor
     return tensor.chunk(t, dim=dim)[r].clone()  # a copy: a view would keep the whole tensor alive
 
 
-def unshard(shards: list[torch.Tensor], part, name: str) -> torch.Tensor:
+def unshard(shards: list[torch.Tensor], dim: int | None) -> torch.Tensor:
     """The full tensor from the shards of ranks 0..t-1."""
-    dim = split_dim(part, name)
     if len(shards) == 1 or dim is None:
         return shards[0]
     return torch.cat(shards, dim=dim)
@@ -118,10 +106,10 @@ def shard_block(block: nn.Module, t: int, r: int) -> nn.Module:
         return block
     with torch.no_grad():
         for name, param in list(block.named_parameters()):
-            if name in BLOCK_SPLIT_DIM:
-                module_name, attr = name.rsplit(".", 1)
-                chunk = param.data.chunk(t, dim=BLOCK_SPLIT_DIM[name])[r].clone()
-                setattr(block.get_submodule(module_name), attr, nn.Parameter(chunk))
+            dim = split_dim(block, name)
+            if dim is not None:
+                module_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
+                setattr(block.get_submodule(module_name), attr, nn.Parameter(shard(param.data, dim, t, r)))
     return block
 
 

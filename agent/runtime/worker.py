@@ -403,7 +403,7 @@ class Worker:
             p.grad
             for part in self.norm_parts
             for name, p in self.parts[part].named_parameters()
-            if role.tp_rank == 0 or split_dim(part, name) is not None
+            if role.tp_rank == 0 or split_dim(self.parts[part], name) is not None
         ]
         sq = local_sq_norm(grads, self.torch_device)
         dist.all_reduce(sq)

@@ -13,7 +13,7 @@ import torch
 
 from drover.agent.runtime import hf
 from drover.agent.runtime.launch import train_reference, train_workers
-from drover.agent.runtime.model import GPT, config_of
+from drover.agent.runtime.model import Decoder, config_of
 from drover.planner.errors import SpecError
 from drover.planner.model import load_model
 from drover.planner.training import Training
@@ -55,8 +55,8 @@ def hf_dir(spec, tmp_path_factory):
     return root
 
 
-def drover_model(spec, state: dict) -> GPT:
-    model = GPT(config_of(spec), seed=0)
+def drover_model(spec, state: dict) -> Decoder:
+    model = Decoder(config_of(spec), seed=0)
     model.load_state_dict(state)
     return model.eval()
 

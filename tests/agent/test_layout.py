@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from drover.agent.runtime import data, layout
-from drover.agent.runtime.model import EMBED, GPT, HEAD, GPTConfig, build_part
+from drover.agent.runtime.model import EMBED, HEAD, Decoder, DecoderConfig, build_part
 
 from support import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN, local_plan
 
@@ -65,8 +65,8 @@ def test_removed_device_gets_state_back_when_it_returns():
 
 
 def test_blocks_depend_only_on_seed_and_index():
-    cfg = GPTConfig()
-    full = GPT(cfg, seed=5)
+    cfg = DecoderConfig()
+    full = Decoder(cfg, seed=5)
     alone = build_part(cfg, 2, seed=5)
     for (name, a), (_, b) in zip(full.blocks[2].named_parameters(), alone.named_parameters()):
         assert torch.equal(a, b), name

@@ -12,9 +12,18 @@ import torch
 import torch.nn.functional as F
 
 from drover.agent.runtime.launch import train_reference, train_workers
-from drover.agent.runtime.model import GPT, HEAD, GPTConfig, LlamaBlock, LlamaHead, RMSNorm, build_part, config_of
+from drover.agent.runtime.model import (
+    HEAD,
+    Decoder,
+    DecoderConfig,
+    LlamaBlock,
+    LlamaHead,
+    RMSNorm,
+    build_part,
+    config_of,
+)
 from drover.agent.runtime.parts import assemble, empty_part, pack, unpack
-from drover.agent.runtime.tensor_parallel import BLOCK_SPLIT_DIM, shard, shard_block, unshard
+from drover.agent.runtime.tensor_parallel import shard, shard_block, split_dim, unshard
 from drover.planner.model import load_model
 from drover.planner.training import Optimizer, Schedule, Training
 
@@ -24,8 +33,8 @@ TINY_LLAMA = ROOT / "examples" / "models" / "tiny-llama.yaml"
 STEPS, SEED = 6, 7
 
 
-def llama(kv_heads: int, heads: int = 4) -> GPTConfig:
-    return GPTConfig(
+def llama(kv_heads: int, heads: int = 4) -> DecoderConfig:
+    return DecoderConfig(
         layers=2, hidden=32, ffn_hidden=48, heads=heads, seq_len=8, vocab=16, family="llama", kv_heads=kv_heads
     )
 
@@ -107,7 +116,7 @@ def test_rotary_scores_depend_only_on_the_distance():
 
 def test_parts_are_built_from_seed_and_part_alone():
     cfg = llama(2)
-    full = GPT(cfg, seed=5)
+    full = Decoder(cfg, seed=5)
     for (name, a), (_, b) in zip(full.blocks[1].named_parameters(), build_part(cfg, 1, seed=5).named_parameters()):
         assert torch.equal(a, b), name
     assert isinstance(full.head, LlamaHead) and isinstance(full.head.norm, RMSNorm)
@@ -118,7 +127,7 @@ def test_parts_are_built_from_seed_and_part_alone():
 def test_every_block_weight_is_split_or_a_norm():
     block = build_part(llama(2), 0, seed=0)
     names = {n for n, _ in block.named_parameters()}
-    assert names - set(BLOCK_SPLIT_DIM) == {"attn_norm.weight", "mlp_norm.weight"}
+    assert names - set(LlamaBlock.tp_splits) == {"attn_norm.weight", "mlp_norm.weight"}
 
 
 def test_tensor_parallel_shards_rebuild_the_block_and_its_sums():
@@ -130,7 +139,7 @@ def test_tensor_parallel_shards_rebuild_the_block_and_its_sums():
     assert ranks[0].q.weight.shape == (16, 32) and ranks[0].k.weight.shape == (8, 32)
     assert ranks[0].o.weight.shape == (32, 16) and ranks[0].down.weight.shape == (32, 24)
     for name, p in whole.named_parameters():
-        got = unshard([dict(r.named_parameters())[name].data for r in ranks], 2, name)
+        got = unshard([dict(r.named_parameters())[name].data for r in ranks], split_dim(whole, name))
         assert torch.equal(got, p.data), name
 
     def partials(block):  # the exit all-reduce's inputs, gathered by hand
@@ -161,8 +170,8 @@ def test_pack_unpack_and_reslice_across_tp_sizes():
     pieces = {}
     for r in range(2):
         module = empty_part(cfg, 1, 2, r, torch.device("cpu"))
-        params = {n: shard(p.data, 1, n, 2, r) for n, p in whole.named_parameters()}
-        moments = {n: {k: shard(s[k], 1, n, 2, r) for k in s} for n, s in state.items()}
+        params = {n: shard(p.data, split_dim(whole, n), 2, r) for n, p in whole.named_parameters()}
+        moments = {n: {k: shard(s[k], split_dim(whole, n), 2, r) for k in s} for n, s in state.items()}
         for name, p in module.named_parameters():
             p.data = params[name]
         pieces[(2, r)] = unpack(module, pack(module, moments))

@@ -14,6 +14,7 @@ import torch
 
 from drover.agent.runtime.launch import train_reference
 from drover.cli.local_cluster import DROVER, LocalCluster
+from drover.cli.models import ModelReader
 from drover.control_plane.jobfile import load_job
 from drover.v1 import jobs_pb2, state_pb2
 
@@ -25,7 +26,7 @@ TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 
 def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
-    spec = load_job(job_file)
+    spec = load_job(job_file, ModelReader())
     train_reference(spec.model, spec.training, tmp / "reference")
     want, got = torch.load(tmp / "reference" / "model.pt"), torch.load(out / "model.pt")
     assert want.keys() == got.keys()
@@ -119,6 +120,20 @@ def local_cluster(tmp_path):
     yield make
     for c in clusters:
         c.stop()
+
+
+def test_drover_up_trains_the_users_own_model_through_a_switch(tmp_path):
+    """family custom end to end: the CLI counts the example's parts, the local agents are
+    allowed its module and import it, a straggler makes a new plan, and the model is the
+    single-process one."""
+    job = tmp_path / "job.yaml"
+    text = (ROOT / "examples" / "jobs" / "parallel-decoder.yaml").read_text()
+    text = text.replace("model: ../models/", f"model: {ROOT}/examples/models/")
+    job.write_text(text.replace("steps: 40", "steps: 24"))
+    out = tmp_path / "out"
+    drover_up(job, out, "--straggle", "node-1/0=4@3")
+    assert any(e["kind"] == "plan_committed" and e["plan_version"] > 1 for e in events_of(out))
+    assert_equals_reference(out, job, tmp_path)
 
 
 def test_control_plane_killed_and_restarted_mid_job(local_cluster, tmp_path):

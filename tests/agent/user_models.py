@@ -1,0 +1,55 @@
+"""Users' models for tests/agent/test_custom.py: the example's parts, and ways to get the
+protocol wrong. Imported by name (family custom's entry_point), in the test and its workers."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from parallel_decoder import Head, ParallelBlock, build  # examples/models: test_custom puts it on the path
+
+
+class UnsplitBlock(ParallelBlock):
+    tp_splits = {}
+
+
+class SplitHead(Head):
+    tp_splits = {"out.weight": 0}
+
+
+class NoSuchWeight(ParallelBlock):
+    tp_splits = {"qkv.weight": 0}
+
+
+class WrongHead(Head):
+    def forward(self, x):
+        return self.norm(x)
+
+
+def unsplit(config, part, seed):
+    return UnsplitBlock(config) if isinstance(part, int) else build(config, part, seed)
+
+
+def returns_a_tensor(config, part, seed):
+    return torch.zeros(1)
+
+
+def split_head(config, part, seed):
+    return SplitHead(config) if part == "head" else build(config, part, seed)
+
+
+def names_no_such_weight(config, part, seed):
+    return NoSuchWeight(config) if isinstance(part, int) else build(config, part, seed)
+
+
+def blocks_differ(config, part, seed):
+    if isinstance(part, int) and part % 2:
+        return nn.Linear(config.hidden, config.hidden)
+    return build(config, part, seed)
+
+
+def wrong_head(config, part, seed):
+    return WrongHead(config) if part == "head" else build(config, part, seed)
+
+
+def raises(config, part, seed):
+    raise RuntimeError("out of ideas")
