@@ -1,20 +1,25 @@
-"""Adapting pays: 4 local workers, one made 3x slow, measured side by side;
-and the runtime's own overhead against plain torch.
+"""Adapting pays, on paced devices: 4 emulated GPUs, one made 3x slow,
+measured side by side with the cost model's prediction; and the runtime's own
+overhead against plain torch.
 
-Runs, one after another on this machine: the uniform plan with local/1 3x
-slow, the planner's plan given that rate with local/1 3x slow, and the
-uniform plan with no slow worker. Reports samples/s of each (median step
-after a warm-up step) and the ratios against the targets. Then a Llama of
-the same size on one worker: Drover's step (one worker process following a
-one-device plan) against a plain torch loop of the same model on the same
-data and micro-batches (torch.optim.AdamW, gradient accumulation, one
-thread like a worker), alternated run by run. Prints JSON.
+Paced devices (docs/architecture.md, "Paced devices") take the time their
+emulated GPU would: each piece of work lasts its FLOPs / (tflops x mfu / rate),
+the real computation padded by a sleep. The emulated GPU here is slow enough
+that the real computation is a small part of each step, so four workers on
+two cores no longer compete for the cores and the timings follow the
+emulated cluster, not this machine.
+
+Runs, one after another: the uniform plan with local/1 3x slow, the
+planner's plan given that rate with local/1 3x slow, and the uniform plan
+with no slow device. Reports samples/s of each (median step after a warm-up
+step), the cost model's prediction for the same plan on the same cluster,
+and the ratios against the targets. Then a Llama of the same size on one
+unpaced worker: Drover's step (one worker process following a one-device
+plan) against a plain torch loop of the same model on the same data and
+micro-batches (torch.optim.AdamW, gradient accumulation, one thread like a
+worker), alternated run by run. Prints JSON.
 
     python bench/runtime.py
-
-On a machine with fewer cores than workers the emulated straggler's waits
-free a core for the others, which flatters the slow runs a little; the
-report gives the core count.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 from drover.agent.runtime.launch import local_cluster, train_workers
+from drover.planner import Cluster, Gpu, Node, evaluate
+from drover.planner.cost import ideal_samples_per_s
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
 from drover.planner.training import Training
@@ -45,12 +52,34 @@ SPEC_FIELDS = {
     "micro_batch": 2,
 }
 SPEC = model_from_dict(SPEC_FIELDS)
+# Paced: a small model, many micro-batches (room to balance a 3x straggler), and an
+# emulated GPU slow enough that this machine's real computation is a small part of it.
+PACED_SPEC = model_from_dict(
+    {
+        "name": "bench-runtime-paced",
+        "layers": 4,
+        "hidden": 64,
+        "ffn_hidden": 256,
+        "heads": 4,
+        "seq_len": 32,
+        "vocab": 128,
+        "global_batch": 64,
+        "micro_batch": 1,
+    }
+)
+PACED_GPU = Gpu("paced-gpu", tflops=0.002, memory_gib=80.0)
 WORKERS, SLOW_DEVICE, RATE = 4, "local/1", 3.0
 
 
-def samples_per_s(plan, slow: bool, steps: int, spec=SPEC, workers: int = WORKERS) -> float:
+def paced_cluster(rates: dict[str, float]) -> Cluster:
+    """Four paced devices on one node, as local_cluster names them."""
+    return Cluster("local", (Node("local", WORKERS, PACED_GPU, intra_gbps=0.3, ethernet_gbps=1.0),), rates)
+
+
+def samples_per_s(plan, slow: bool, steps: int, spec=SPEC, workers: int = WORKERS, paced=None) -> float:
     with tempfile.TemporaryDirectory() as out:
-        train_workers(spec, workers, [(0, plan)], out, Training(steps), {SLOW_DEVICE: (RATE, 0)} if slow else None)
+        slowdown = {SLOW_DEVICE: (RATE, 0)} if slow else None
+        train_workers(spec, workers, [(0, plan)], out, Training(steps), slowdown, paced=paced)
         trace = [json.loads(line) for line in (Path(out) / "trace.jsonl").read_text().splitlines()]
     return statistics.median(t["samples_per_s"] for t in trace[1:])
 
@@ -108,32 +137,38 @@ def main() -> None:
     if args.overhead_only:
         print(json.dumps({"cores": os.cpu_count(), "runtime_overhead": runtime_overhead(args.steps)}, indent=1))
         return
-    healthy = local_cluster(WORKERS)
-    uniform = make_plan(healthy, SPEC, "uniform")
-    adapted = make_plan(healthy.with_rates({SLOW_DEVICE: RATE}), SPEC, "drover")
-    uniform_slow = samples_per_s(uniform, True, args.steps)
-    adapted_slow = samples_per_s(adapted, True, args.steps)
-    uniform_healthy = samples_per_s(uniform, False, args.steps)
-    ideal = uniform_healthy * (WORKERS - 1 + 1 / RATE) / WORKERS
+    healthy, slow = paced_cluster({}), paced_cluster({SLOW_DEVICE: RATE})
+    uniform = make_plan(healthy, PACED_SPEC, "uniform")
+    adapted = make_plan(slow, PACED_SPEC, "drover")
+    runs = {
+        "uniform_slow": (uniform, True, slow),
+        "planner_slow": (adapted, True, slow),
+        "uniform_healthy": (uniform, False, healthy),
+    }
+    measured, predicted = {}, {}
+    for name, (plan, is_slow, cluster) in runs.items():
+        measured[name] = samples_per_s(plan, is_slow, args.steps, PACED_SPEC, paced=healthy)
+        predicted[name] = evaluate(plan, cluster, PACED_SPEC).samples_per_s
+    ideal = ideal_samples_per_s(slow, PACED_SPEC)
     print(
         json.dumps(
             {
                 "cores": os.cpu_count(),
                 "workers": WORKERS,
+                "paced_gpu": {"tflops": PACED_GPU.tflops, "mfu": PACED_SPEC.mfu},
                 "slow_device": SLOW_DEVICE,
                 "rate": RATE,
                 "uniform_plan": uniform.to_dict()["pipelines"],
                 "planner_plan": adapted.to_dict()["pipelines"],
-                "samples_per_s": {
-                    "uniform_slow": uniform_slow,
-                    "planner_slow": adapted_slow,
-                    "uniform_healthy": uniform_healthy,
-                    "ideal_slow": ideal,
-                },
-                "planner_over_uniform": adapted_slow / uniform_slow,
-                "target_planner_over_uniform_at_least": 1.5,
-                "planner_over_ideal": adapted_slow / ideal,
-                "target_planner_over_ideal_at_least": 0.8,
+                "samples_per_s": measured,
+                "predicted_samples_per_s": predicted,
+                "measured_over_predicted": {k: measured[k] / predicted[k] for k in runs},
+                "target_measured_over_predicted_within": 0.10,
+                "ideal_slow_samples_per_s": ideal,
+                "planner_over_uniform": measured["planner_slow"] / measured["uniform_slow"],
+                "target_planner_over_uniform_at_least": 2.0,
+                "planner_over_ideal": measured["planner_slow"] / ideal,
+                "target_planner_over_ideal": "at least 0.9, at most 1",
                 "runtime_overhead": runtime_overhead(args.steps),
             },
             indent=1,

@@ -97,6 +97,13 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
 @click.option("--seed", type=click.IntRange(min=0), help="Seeds the model and the data (with --model: default 0).")
 @click.option("--reference", is_flag=True, help="One process, no parallelism: what every plan must match.")
 @click.option("--workers", type=click.IntRange(min=1), help="Local worker processes, devices local/0..N-1.")
+@click.option(
+    "--cluster",
+    "cluster_file",
+    metavar="FILE",
+    help="Paced devices: one worker per device of this cluster file (the plan names its devices), each taking "
+    "the time its GPU would (tflops x the model's mfu), slower by the file's rates and --slow.",
+)
 @click.option("--plan", "plan_file", metavar="FILE", help="The plan to start with (plan JSON of the spec).")
 @click.option(
     "--switch",
@@ -111,7 +118,8 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
     multiple=True,
     callback=_parse_slow,
     metavar="DEVICE=RATE@STEP",
-    help="Emulated straggler: DEVICE waits (RATE-1)x its compute time from STEP; repeatable.",
+    help="Emulated straggler: DEVICE is RATE times slower from STEP (waits (RATE-1)x its compute, or is paced "
+    "RATE times slower with --cluster); repeatable.",
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (under any plan).")
 @click.option(
@@ -129,7 +137,19 @@ def _parse_slow(ctx, param, values) -> dict[str, tuple[float, int]]:
     help="Writes trace.jsonl, migrations.jsonl, eval.jsonl, model.pt (and telemetry/).",
 )
 def train(
-    job_file, model_file, steps, seed, reference, workers, plan_file, switches, slow, resume, data_root, out_dir
+    job_file,
+    model_file,
+    steps,
+    seed,
+    reference,
+    workers,
+    cluster_file,
+    plan_file,
+    switches,
+    slow,
+    resume,
+    data_root,
+    out_dir,
 ) -> None:
     """Train a job on local workers following plans, or as the single-process reference."""
     from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
@@ -148,15 +168,20 @@ def train(
     if resume:
         training = replace(training, resume=relative_path(Fields({"resume": resume}, "--resume"), "resume"))
     if reference:
-        if workers or plan_file or switches or slow or resume:
+        if workers or cluster_file or plan_file or switches or slow or resume:
             raise click.UsageError("--reference takes only --job or --model, --steps, --seed, --data-root and --out")
         train_reference(spec, training, out_dir, data_root)
     else:
+        paced = load_cluster(cluster_file) if cluster_file else None
+        if paced is not None:
+            if workers not in (None, len(paced.devices)):
+                raise click.UsageError(f"--workers {workers}: {cluster_file} has {len(paced.devices)} devices")
+            workers = len(paced.devices)
         if not workers or not plan_file:
-            raise click.UsageError("--workers and --plan are required without --reference")
+            raise click.UsageError("--workers (or --cluster) and --plan are required without --reference")
         plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
         with TraceProgress(Path(out_dir), training.steps, spec.seq_len) as progress:
-            train_workers(spec, workers, plans, out_dir, training, slow, data_root, tick=progress.update)
+            train_workers(spec, workers, plans, out_dir, training, slow, data_root, progress.update, paced)
     click.echo(final_line(Path(out_dir)))
 
 

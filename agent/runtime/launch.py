@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from drover.planner.cluster import Cluster, Gpu, Node
+from drover.planner.cluster import Cluster, Device, Gpu, Node
 from drover.planner.cost import validate
 from drover.planner.errors import PlanError
 from drover.planner.model import ModelSpec
@@ -35,9 +35,9 @@ def local_cluster(workers: int) -> Cluster:
     return Cluster(LOCAL_NODE, (Node(LOCAL_NODE, workers, gpu, intra_gbps=100.0, ethernet_gbps=100.0),))
 
 
-def check_plan(plan: Plan, spec: ModelSpec, workers: int) -> None:
-    """Refuse a plan before any worker starts, naming the rule it breaks."""
-    validate(plan, local_cluster(workers), spec)
+def pace_of(cluster: Cluster, device: Device, spec: ModelSpec) -> float:
+    """The FLOP/s a paced device emulates at full health: its GPU's tflops x the model's mfu."""
+    return cluster.nodes[device.node].gpu.tflops * 1e12 * spec.mfu
 
 
 def train_workers(
@@ -49,23 +49,34 @@ def train_workers(
     slow: dict[str, tuple[float, int]] | None = None,
     data_root: str | Path = ".",
     tick: Callable[[], None] | None = None,
+    paced: Cluster | None = None,
 ) -> None:
     """Train with `workers` processes; plans[0] starts at the first step (0, or the resumed
     checkpoint's), the others arrive at their steps. The job's inputs are opened here first,
-    so a bad one fails before any worker starts. `tick` is called twice a second meanwhile."""
+    so a bad one fails before any worker starts. `tick` is called twice a second meanwhile.
+
+    paced: an emulated cluster, one worker per device (its ids, in order). Each takes the
+    time its GPU would (pace_of), slower by the device's rate in the cluster or in `slow`."""
+    cluster = paced or local_cluster(workers)
+    if len(cluster.devices) != workers:
+        raise PlanError("workers", f"{workers} workers for the {len(cluster.devices)} devices of {cluster.name}")
     for _, plan in plans:
-        check_plan(plan, spec, workers)
+        validate(plan, cluster, spec)  # refused before any worker starts, naming the rule it breaks
     open_inputs(spec, training, data_root)
     out = Path(out_dir)
     (out / "telemetry").mkdir(parents=True, exist_ok=True)
-    slow = slow or {}
-    unknown = [d for d in slow if d not in local_cluster(workers).device_by_id]
+    rated = {d: (r, 0) for d, r in cluster.rates.items() if 1.0 < r < float("inf")} if paced else {}
+    slow = rated | (slow or {})
+    unknown = [d for d in slow if d not in cluster.device_by_id]
     if unknown:
-        raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are local/0..local/{workers - 1}")
+        ids = [d.id for d in cluster.devices]
+        raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are {ids[0]}..{ids[-1]}")
+    ranks = {d.id: i for i, d in enumerate(cluster.devices)}
     init = f"tcp://127.0.0.1:{free_port()}"
     ctx = worker_context()
     procs = []
-    for rank in range(workers):
+    for device in cluster.devices:
+        rank = ranks[device.id]
         args = WorkerArgs(
             rank,
             workers,
@@ -75,7 +86,9 @@ def train_workers(
             plans,
             str(out),
             str(data_root),
-            slow.get(f"{LOCAL_NODE}/{rank}"),
+            slow.get(device.id),
+            pace_of(cluster, device, spec) if paced else 0.0,
+            ranks=ranks,
         )
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
         proc.start()

@@ -69,12 +69,16 @@ def run_stage(
     slow: tuple[float, int] | None,
     bf16: bool = False,
     forward_only: bool = False,
+    pace: float = 0.0,
 ) -> Stats:
     """Forward and backward every micro-batch of the stage, leaving gradients in `parts`;
     `source.batch(step, first_sample, count)` gives the tokens.
 
     `slow` is an emulated straggler (rate, from step); `tp_clock` times the
     stage's TP all-reduces, so a slow partner's time is not counted as ours.
+    pace: a paced device's FLOP/s (tflops x mfu of the GPU it emulates; 0: not
+    paced). Each piece of work then takes its FLOPs / (pace / rate), the real
+    computation padded by a sleep, so timings follow the emulated cluster.
     bf16: compute in bfloat16 under autocast (CUDA), parameters staying fp32.
     forward_only: evaluation, no gradients and no backward messages."""
     stats = Stats()
@@ -86,12 +90,19 @@ def run_stage(
     saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     sends = []
 
-    def compute(fn):
+    t = len(role.group)
+    # This rank's share of one micro-batch's forward FLOPs (cost model: backward is twice that).
+    forward_flops = ((role.blocks[1] - role.blocks[0]) * spec.block_flops + role.last * spec.head_flops) / t
+    rate = slow[0] if slow and step >= slow[1] else 1.0
+
+    def compute(fn, flops: float):
         t0, waited = time.perf_counter(), tp_clock.seconds
         result = fn()
         spent = time.perf_counter() - t0 - (tp_clock.seconds - waited)  # own work, not a TP partner's
-        if slow and step >= slow[1]:
-            time.sleep((slow[0] - 1) * spent)  # emulation only: RATE times slower
+        if pace:
+            time.sleep(max(0.0, flops * rate / pace - spent))  # the emulated device's time for this work
+        elif rate > 1.0:
+            time.sleep((rate - 1) * spent)  # emulation only: RATE times slower
         stats.compute_s += time.perf_counter() - t0 - (tp_clock.seconds - waited)
         stats.tp_wait_s += tp_clock.seconds - waited
         return result
@@ -103,8 +114,6 @@ def run_stage(
         stats.p2p_wait_s += time.perf_counter() - t0
         stats.bytes_recv[src] += buf.numel() * buf.element_size()
         return buf
-
-    t = len(role.group)
 
     def send(tensor, group, tag):
         # Every member of a TP group holds the same activation, so the sends are shared:
@@ -134,7 +143,7 @@ def run_stage(
                     return loss_sum(parts[layout.HEAD](x).float(), targets) / spec.global_batch
                 return x.float()
 
-        out = compute(run)
+        out = compute(run, forward_flops)
         if not forward_only:
             saved[i] = (x_in, out)
         if role.last:
@@ -146,7 +155,7 @@ def run_stage(
         mb = first_mb + i
         x_in, out = saved.pop(i)
         grad = None if role.last else recv(shape, sender(role.next_group), 2 * mb + 1)
-        compute(lambda: torch.autograd.backward(out, grad))
+        compute(lambda: torch.autograd.backward(out, grad), 2 * forward_flops)
         if not role.first:
             send(x_in.grad, role.prev_group, 2 * mb + 1)
 

@@ -100,6 +100,7 @@ class WorkerArgs:
     out_dir: str
     data_root: str = "."  # the job's paths (data, init, checkpoints, resume) are relative to it
     slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
+    pace: float = 0.0  # a paced device's FLOP/s (the emulated GPU's tflops x mfu); 0: not paced
     ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
@@ -337,6 +338,7 @@ class Worker:
                     None,
                     self.bf16,
                     forward_only=True,
+                    pace=self.args.pace,
                 )
                 total += stats.loss
         loss = torch.tensor([total / batches], device=self.torch_device)
@@ -388,7 +390,16 @@ class Worker:
     def _train_step(self, step: int) -> Stats:
         role = self.roles[self.rank]
         stats = run_stage(
-            role, self.parts, self.spec, self.inputs.train, step, self.torch_device, self.tp_clock, self.slow, self.bf16
+            role,
+            self.parts,
+            self.spec,
+            self.inputs.train,
+            step,
+            self.torch_device,
+            self.tp_clock,
+            self.slow,
+            self.bf16,
+            pace=self.args.pace,
         )
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)

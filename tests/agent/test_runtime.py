@@ -9,7 +9,8 @@ import subprocess
 import pytest
 import torch
 
-from drover.agent.runtime.launch import check_plan, train_reference, train_workers
+from drover.agent.runtime.launch import local_cluster, train_reference, train_workers
+from drover.planner.cost import validate
 from drover.planner.errors import PlanError
 from drover.planner.model import load_model
 from drover.planner.training import Checkpointing, Training
@@ -123,7 +124,7 @@ def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
 )
 def test_bad_plans_refused_before_workers_start(bad, rule, spec, tmp_path):
     with pytest.raises(PlanError) as info:
-        check_plan(bad, spec, 4)
+        validate(bad, local_cluster(4), spec)
     assert info.value.rule == rule
     with pytest.raises(PlanError):
         train_workers(spec, 4, [(0, DP2_PP2), (2, bad)], tmp_path, Training(3))
