@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from drover.planner.cluster import Cluster
 from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
@@ -51,10 +52,15 @@ class Agent:
         data_root: str = "drover-data",
         tls_dir: str | Path | None = None,
         model_modules: tuple[str, ...] = (),
+        emulate: Cluster | None = None,
     ):
+        """emulate: this node is node NODE of an emulated cluster: paced devices and NICs as
+        the cluster file gives them (discovery.emulated), not what the machine has."""
         self.address, self.node, self.interval_s = control_plane, node, interval_s
-        self.devices = discovery.devices(node, cpu_devices)
-        self.nics = discovery.nics()
+        if emulate is not None:
+            self.devices, self.nics = discovery.emulated(emulate, node)
+        else:
+            self.devices, self.nics = discovery.devices(node, cpu_devices), discovery.nics()
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root)  # every job's output lies inside it
         self.model_modules = tuple(model_modules)  # what custom models' entry points may import
@@ -111,7 +117,9 @@ class Agent:
             node=self.node,
             agent_version=AGENT_VERSION,
             devices=[
-                agent_pb2.Device(id=d.id, kind=d.kind, name=d.name, memory_gib=d.memory_gib, tflops=d.tflops)
+                agent_pb2.Device(
+                    id=d.id, kind=d.kind, name=d.name, memory_gib=d.memory_gib, tflops=d.tflops, intra_gbps=d.intra_gbps
+                )
                 for d in self.devices
             ],
             nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps) for n in self.nics],
@@ -159,6 +167,7 @@ class Agent:
                     if start.generation
                     else None,
                     model_modules=self.model_modules,
+                    paced={d.id: (d.tflops, d.rate) for d in self.devices if d.kind == "paced"},
                 )
             except (OSError, ValueError) as exc:  # this job fails, with its cause; the agent carries on
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)

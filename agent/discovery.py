@@ -1,12 +1,16 @@
 """What a node has: accelerators (NVML through nvidia-ml-py where present,
 else torch, else a configured number of CPU devices) and NICs (from
-/sys/class/net and /sys/class/infiniband: type, speed, byte counters)."""
+/sys/class/net and /sys/class/infiniband: type, speed, byte counters); or,
+for an emulated node, what its cluster file says (`emulated`): paced
+devices timed as the file's GPUs, and the file's NICs."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from drover.planner.cluster import Cluster
 
 CPU_TFLOPS = 0.05  # a rough peak for one CPU worker; only ratios between devices matter to the planner
 SYS_NET = Path("/sys/class/net")
@@ -20,6 +24,8 @@ class DeviceInfo:
     name: str
     memory_gib: float
     tflops: float
+    intra_gbps: float = 0.0  # to the node's other devices, where known (emulated nodes)
+    rate: float = 1.0  # an emulated device's slowness from the start (the cluster file's rates)
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,23 @@ class NicInfo:
     name: str
     type: str  # infiniband | roce | ethernet
     gbps: float
+
+
+def emulated(cluster: Cluster, node: str) -> tuple[list[DeviceInfo], list[NicInfo]]:
+    """Node NODE of an emulated cluster: a paced device per GPU the file gives it (a failed one,
+    rate inf, absent), its RDMA NICs and one Ethernet NIC at the file's ethernet_gbps."""
+    index = cluster.node_index.get(node)
+    if index is None:
+        raise ValueError(f"node {node!r} is not in cluster {cluster.name} ({', '.join(n.name for n in cluster.nodes)})")
+    spec = cluster.nodes[index]
+    devices = [
+        DeviceInfo(d.id, "paced", spec.gpu.name, spec.gpu.memory_gib, spec.gpu.tflops, spec.intra_gbps, d.rate)
+        for d in cluster.devices
+        if d.node == index and not d.failed
+    ]
+    short = {"infiniband": "ib", "roce": "roce"}
+    nics = [NicInfo(f"{short[n.type]}{i}", n.type, n.gbps) for n in spec.nics for i in range(n.count)]
+    return devices, [*nics, NicInfo("eth0", "ethernet", spec.ethernet_gbps)]
 
 
 def devices(node: str, cpu_devices: int = 0) -> list[DeviceInfo]:

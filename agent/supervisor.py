@@ -108,9 +108,11 @@ class JobWorkers:
         data_root: Path,
         joining: tuple | None = None,
         model_modules: tuple[str, ...] = (),
+        paced: dict[str, tuple[float, float]] | None = None,
     ):
         """joining: (generation, plan version, plan held, ranks) when the job grows onto this node;
-        model_modules: the Python modules (and their submodules) a custom model may be built by."""
+        model_modules: the Python modules (and their submodules) a custom model may be built by;
+        paced: an emulated node's devices, {device: (tflops, rate from the start)}."""
         self.job_id, self.out_dir, self.node = job_id, out_dir, node
         if not JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
@@ -135,6 +137,7 @@ class JobWorkers:
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
             telemetry_file(self.out_dir, device, "jsonl").unlink(missing_ok=True)  # an earlier job's
             telemetry_file(self.out_dir, device, "error").unlink(missing_ok=True)
+            tflops, rate = (paced or {}).get(device, (0.0, 1.0))
             args = WorkerArgs(
                 rank,
                 world,
@@ -144,6 +147,8 @@ class JobWorkers:
                 [(0, plan)],
                 str(self.out_dir),
                 str(data_root),
+                (rate, 0) if rate > 1.0 else None,
+                tflops * 1e12 * spec.mfu,
                 ranks=ranks,
                 inbox=str(self.inbox),
                 joining=joining,

@@ -187,6 +187,13 @@ def server(
     help="Jobs' outputs go here, each in the folder its job names (never outside).",
 )
 @click.option(
+    "--emulate",
+    "emulate_file",
+    metavar="FILE",
+    help="Be node --node of the emulated cluster in this cluster file: paced CPU devices timed as its GPUs "
+    "(tflops x the model's mfu, slower by its rates), its NICs and links, instead of this machine's.",
+)
+@click.option(
     "--model-modules",
     default="",
     envvar="DROVER_MODEL_MODULES",
@@ -202,6 +209,7 @@ def agent(
     interval: float,
     work_dir: str,
     data_root: str,
+    emulate_file: str | None,
     model_modules: str,
 ) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
@@ -212,8 +220,18 @@ def agent(
     if insecure and not is_loopback(address):
         raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
     _log_to_stderr()
+    emulate = None
+    if emulate_file:
+        from drover.planner.cluster import load_cluster
+
+        if cpu_devices:
+            raise click.UsageError("--emulate gives the devices; leave out --cpu-devices")
+        emulate = load_cluster(emulate_file)
+        if node not in emulate.node_index:
+            names = ", ".join(n.name for n in emulate.nodes)
+            raise click.BadParameter(f"{node!r} is not a node of {emulate_file} ({names})", param_hint="--node")
     modules = tuple(m.strip() for m in model_modules.split(",") if m.strip())
-    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir, modules)
+    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir, modules, emulate)
     run_until_stopped(agent.run_forever())
 
 

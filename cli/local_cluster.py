@@ -27,7 +27,8 @@ class LocalClusterError(RuntimeError):
 
 class LocalCluster:
     """`drover server` (SQLite at WORK_DIR/drover.db) and `drover agent` processes node-0 ..
-    node-N-1 with K CPU devices each, started, and waited for until every agent is connected.
+    node-N-1 with K CPU devices each, or the nodes of an emulated cluster (a cluster file:
+    paced devices, its NICs and links), started, and waited for until every agent is connected.
     Everything runs over TLS with credentials made in WORK_DIR/certs (the agents with their
     node certificates, this object's calls with the admin token). Logs go to WORK_DIR/logs,
     job inboxes to WORK_DIR/agents, and DATA_ROOT (default WORK_DIR) is the agents' data
@@ -45,10 +46,19 @@ class LocalCluster:
         spare_nodes: tuple[str, ...] = (),
         model_modules: tuple[str, ...] = (),
         python_path: tuple[str, ...] = (),
+        emulate: Path | None = None,
     ):
         """model_modules and python_path: what custom models' entry points import, and the
-        folders they are imported from (cli/models.py's ModelReader found both)."""
+        folders they are imported from (cli/models.py's ModelReader found both). emulate: a
+        cluster file whose nodes the agents are (nodes and devices_per_node unused)."""
         self.work_dir = Path(work_dir)
+        self.emulate = Path(emulate).resolve() if emulate else None
+        if self.emulate is not None:
+            from drover.planner.cluster import load_cluster
+
+            self.nodes = [n.name for n in load_cluster(self.emulate).nodes]
+        else:
+            self.nodes = [f"node-{i}" for i in range(nodes)]
         self.model_modules, self.python_path = tuple(model_modules), tuple(python_path)
         self.data_root = Path(data_root or work_dir).resolve()
         self.logs = self.work_dir / "logs"
@@ -61,21 +71,21 @@ class LocalCluster:
         if self.certs.exists():
             shutil.rmtree(self.certs)
         self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
-        names = [f"node-{i}" for i in range(nodes)] + [
-            n for n in spare_nodes if n not in {f"node-{i}" for i in range(nodes)}
-        ]
+        names = self.nodes + [n for n in spare_nodes if n not in self.nodes]
         make_credentials(self.certs, names, ["localhost", "127.0.0.1"])
         self.target = Target.from_files(self.address, self.certs / "ca.pem", self.certs / "admin.token")
         self._log_files = []
         self.server = self._start_server(log_mode="w")
-        self.agents: list[subprocess.Popen] = []
-        self.killed: set[int] = set()  # nodes killed on purpose (kill_node)
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()  # nodes killed on purpose (kill_node)
         try:
-            for i in range(nodes):
-                self.agents.append(self._start_agent(f"node-{i}", "w"))
+            for name in self.nodes:
+                self.agents[name] = self._start_agent(name, "w")
             self.stub = connect(self.target)
             self.wait_until(
-                lambda: self.connected_nodes() >= nodes, connect_timeout_s, what=f"{nodes} agents to connect"
+                lambda: self.connected_nodes() >= len(self.nodes),
+                connect_timeout_s,
+                what=f"{len(self.nodes)} agents to connect",
             )
         except BaseException:
             self.stop()
@@ -127,7 +137,7 @@ class LocalCluster:
 
     def stop(self) -> list[int | None]:
         """SIGTERM the agents, then the control plane; their exit codes in that order (None: had to be killed)."""
-        processes = [a for i, a in enumerate(self.agents) if i not in self.killed] + [self.server]
+        processes = [a for name, a in self.agents.items() if name not in self.killed] + [self.server]
         for proc in processes:
             proc.send_signal(signal.SIGTERM)
         codes = []
@@ -143,7 +153,7 @@ class LocalCluster:
         return codes
 
     def _processes(self) -> list[tuple[str, subprocess.Popen]]:
-        agents = [(f"agent of node-{i}", a) for i, a in enumerate(self.agents) if i not in self.killed]
+        agents = [(f"agent of {name}", a) for name, a in self.agents.items() if name not in self.killed]
         return [("control plane", self.server)] + agents
 
     def _start_server(self, log_mode: str) -> subprocess.Popen:
@@ -175,7 +185,11 @@ class LocalCluster:
 
     def _start_agent(self, name: str, log_mode: str) -> subprocess.Popen:
         args = ["agent", "--control-plane", self.agent_address, "--tls-dir", str(self.certs), "--node", name]
-        args += ["--cpu-devices", str(self.devices_per_node), "--interval", str(self.telemetry_interval_s)]
+        if self.emulate is not None:
+            args += ["--emulate", str(self.emulate)]
+        else:
+            args += ["--cpu-devices", str(self.devices_per_node)]
+        args += ["--interval", str(self.telemetry_interval_s)]
         args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]
         env = None
         if self.model_modules:
@@ -188,24 +202,18 @@ class LocalCluster:
     def start_node(self, name: str) -> None:
         """Start (or start again, after kill_node) the agent of node NAME; it must have had a
         certificate made at start-up (a node of the cluster, or one of spare_nodes)."""
-        index = int(name.removeprefix("node-"))
-        if index < len(self.agents):
-            if index not in self.killed:
-                raise LocalClusterError(f"{name} is running")
-            self.killed.discard(index)
-            self.agents[index] = self._start_agent(name, "a")
-            return
-        while len(self.agents) < index:  # placeholders for names skipped over
-            self.agents.append(self.agents[-1])
-            self.killed.add(len(self.agents) - 1)
-        self.agents.append(self._start_agent(name, "w"))
+        if name in self.agents and name not in self.killed:
+            raise LocalClusterError(f"{name} is running")
+        mode = "a" if name in self.agents else "w"
+        self.killed.discard(name)
+        self.agents[name] = self._start_agent(name, mode)
 
-    def kill_node(self, index: int) -> None:
+    def kill_node(self, name: str) -> None:
         """Emulate a node failing: SIGKILL its agent and, with it, every worker it started."""
-        agent = self.agents[index]
+        agent = self.agents[name]
         try:
             os.killpg(agent.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         agent.wait()
-        self.killed.add(index)
+        self.killed.add(name)

@@ -13,6 +13,7 @@ import click
 import grpc
 
 from drover.control_plane.jobfile import load_job
+from drover.planner.cluster import load_cluster
 from drover.planner.wire import job_state_name
 
 from .client import jobs_pb2
@@ -26,20 +27,26 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     return parse_slowdowns(values, param, "node-1/0=3@10")
 
 
-def _parse_kill(ctx, param, values) -> list[tuple[int, int]]:
+def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
     out = []
     for value in values:
         node, at, step = value.partition("@")
-        index = node.removeprefix("node-")
-        if not at or not index.isdecimal() or not step.isdecimal():
+        if not at or not node or "/" in node or not step.isdecimal():
             raise click.BadParameter(f"{value!r}: expected NODE@STEP, e.g. node-1@10", param=param)
-        out.append((int(index), int(step)))
+        out.append((node, int(step)))
     return out
 
 
 @click.command()
 @click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--devices-per-node", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Emulate this cluster file instead of --nodes x --devices-per-node: its nodes, paced devices timed "
+    "as its GPUs (slower by its rates), its NICs and links; the planner sees the same.",
+)
 @click.option(
     "--job",
     "job_file",
@@ -86,7 +93,16 @@ def _parse_kill(ctx, param, values) -> list[tuple[int, int]]:
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
 def up(
-    nodes: int, devices_per_node: int, job_file: str, straggles, kills, joins, out_dir: str, data_root: str, resume
+    nodes: int,
+    devices_per_node: int,
+    cluster_file: str | None,
+    job_file: str,
+    straggles,
+    kills,
+    joins,
+    out_dir: str,
+    data_root: str,
+    resume,
 ) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
@@ -96,7 +112,20 @@ def up(
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
-    spares = tuple(f"node-{index}" for index, _ in joins)
+    names = [f"node-{i}" for i in range(nodes)]
+    shape = f"{nodes} nodes x {devices_per_node} devices"
+    if cluster_file:
+        emulated = load_cluster(cluster_file)
+        names = [n.name for n in emulated.nodes]
+        shape = f"emulated cluster {emulated.name} ({len(names)} nodes, {len(emulated.devices)} paced devices)"
+    for name, _ in kills:
+        if name not in names:
+            raise click.BadParameter(f"{name}: the cluster's nodes are {', '.join(names)}", param_hint="--kill")
+    for name, _ in joins:
+        if name in names and name not in {n for n, _ in kills}:
+            raise click.BadParameter(f"{name} runs already; join a new node or one --kill took", param_hint="--join")
+    if cluster_file and any(name not in names for name, _ in joins):
+        raise click.BadParameter("an emulated cluster's nodes are those of its file", param_hint="--join")
     reader = ModelReader()
     load_job(job_file, reader)  # a bad file fails before any process starts; a custom model's code is found
     with LocalCluster(
@@ -104,39 +133,30 @@ def up(
         nodes,
         devices_per_node,
         data_root=root,
-        spare_nodes=spares,
+        spare_nodes=tuple(name for name, _ in joins),
         model_modules=tuple(reader.modules),
         python_path=tuple(reader.folders),
+        emulate=Path(cluster_file) if cluster_file else None,
     ) as cluster:
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
-        click.echo(
-            f"{submitted.id}: {submitted.model_name}, {submitted.steps} steps on {nodes} nodes x "
-            f"{devices_per_node} devices; control plane {cluster.address}"
-        )
+        where = f"{submitted.steps} steps on {shape}; control plane {cluster.address}"
+        click.echo(f"{submitted.id}: {submitted.model_name}, {where}")
         for device, rate, step in straggles:
             cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
-        for index, _ in kills:
-            if index >= nodes:
-                raise click.BadParameter(f"node-{index}: the cluster has node-0..node-{nodes - 1}", param_hint="--kill")
-        for index, _ in joins:
-            killed = {i for i, _ in kills}
-            if index < nodes and index not in killed:
-                raise click.BadParameter(
-                    f"node-{index} runs already; join a new node or one --kill took", param_hint="--join"
-                )
-        faults = [(step, "kill", index) for index, step in kills] + [(step, "join", index) for index, step in joins]
+        faults = [(step, "kill", name) for name, step in kills] + [(step, "join", name) for name, step in joins]
         if faults:
             threading.Thread(target=_faults_at_steps, args=(cluster, submitted.id, faults), daemon=True).start()
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
-        click.echo(summary(out, job, [s[2] for s in straggles]))
+        slow_from_start = [0] if cluster_file and any(r > 1 for r in emulated.rates.values()) else []
+        click.echo(summary(out, job, [s[2] for s in straggles] + slow_from_start))
         if job.HasField("progress"):  # what reached the control plane with the telemetry
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 
 
-def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int, str, int]]) -> None:
+def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int, str, str]]) -> None:
     """Kill or start each node once the job's step reaches its STEP (polling the control plane)."""
     pending = sorted(faults)
     while pending:
@@ -148,13 +168,13 @@ def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int,
         if job_state_name(job.state) != "running":
             return
         while pending and job.step >= pending[0][0]:
-            _, action, index = pending.pop(0)
+            _, action, name = pending.pop(0)
             if action == "kill":
-                click.echo(f"  step {job.step:>4}  killing node-{index} (its agent and workers)")
-                cluster.kill_node(index)
+                click.echo(f"  step {job.step:>4}  killing {name} (its agent and workers)")
+                cluster.kill_node(name)
             else:
-                click.echo(f"  step {job.step:>4}  starting node-{index}")
-                cluster.start_node(f"node-{index}")
+                click.echo(f"  step {job.step:>4}  starting {name}")
+                cluster.start_node(name)
         time.sleep(0.05)
 
 

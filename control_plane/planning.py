@@ -34,7 +34,8 @@ def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
         # CPU workers talk through gloo over loopback, which is latency-bound: the cost model has
         # no latency term, so CPU links get a low bandwidth (0.3 Gbps in a node, 1 Gbps between
         # nodes), chosen so the planner, like a measurement here, finds TP not worth it on CPU.
-        intra = 0.3 if first.kind == "cpu" else 2400.0
+        # An emulated node (paced devices) says what its cluster file gives.
+        intra = first.intra_gbps or (0.3 if first.kind == "cpu" else 2400.0)
         if first.kind == "cpu":
             ethernet = min(ethernet, 1.0)
         out.append(

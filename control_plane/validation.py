@@ -106,7 +106,14 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
     if not hello.node or "/" in hello.node:
         raise InvalidArgument(f"hello.node = {hello.node!r}: a non-empty node name without '/'")
     devices = [
-        {"id": d.id, "kind": d.kind, "name": d.name, "memory_gib": d.memory_gib, "tflops": d.tflops}
+        {
+            "id": d.id,
+            "kind": d.kind,
+            "name": d.name,
+            "memory_gib": d.memory_gib,
+            "tflops": d.tflops,
+            "intra_gbps": d.intra_gbps,
+        }
         for d in hello.devices
     ]
     for d in devices:

@@ -27,6 +27,7 @@ class Device(Base):
     name: Mapped[str] = mapped_column(String, default="")
     memory_gib: Mapped[float] = mapped_column(Float, default=0.0)
     tflops: Mapped[float] = mapped_column(Float, default=0.0)
+    intra_gbps: Mapped[float] = mapped_column(Float, default=0.0)  # to the node's other devices; 0: unknown
 
 
 class Nic(Base):

@@ -122,6 +122,20 @@ def local_cluster(tmp_path):
         c.stop()
 
 
+def test_drover_up_emulates_a_paced_cluster_file(tmp_path):
+    """Agents are the file's nodes, with paced devices timed as its GPUs: the file's 3x slow
+    device is measured 3x slow, planned around, and the model is the single-process one."""
+    out = tmp_path / "out"
+    run = drover_up(TINY_JOB, out, "--cluster", str(ROOT / "examples" / "clusters" / "paced-2x2.yaml"))
+    assert "emulated cluster paced-2x2 (2 nodes, 4 paced devices)" in run.stdout
+    events = events_of(out)
+    detected = [e for e in events if e["kind"] == "straggler_detected" and e["device"] == "node-1/0"]
+    assert detected and abs(detected[0]["rate"] - 3.0) < 0.3, detected
+    assert any(e["kind"] == "plan_committed" and e["plan_version"] > 1 for e in events)
+    assert "while slow" in run.stdout and "after the new plan" in run.stdout
+    assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
 def test_drover_up_trains_the_users_own_model_through_a_switch(tmp_path):
     """family custom end to end: the CLI counts the example's parts, the local agents are
     allowed its module and import it, a straggler makes a new plan, and the model is the
@@ -185,13 +199,13 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     c = local_cluster()
     job = c.submit(job_file, "out")
     c.wait_until(lambda: c.job(job.id).step >= 3)
-    workers = _workers_of(c.agents[1].pid)
+    workers = _workers_of(c.agents["node-1"].pid)
     assert len(workers) == 2, workers
     # The agent yields the CPU to training; its workers keep the priority it started with (ours).
     started_at = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, c.agents[1].pid) == min(started_at + 10, 19)
+    assert os.getpriority(os.PRIO_PROCESS, c.agents["node-1"].pid) == min(started_at + 10, 19)
     assert [os.getpriority(os.PRIO_PROCESS, w) for w in workers] == [started_at] * 2
-    assert os.sched_getscheduler(c.agents[1].pid) == os.SCHED_BATCH  # waits its turn rather than preempt
+    assert os.sched_getscheduler(c.agents["node-1"].pid) == os.SCHED_BATCH  # waits its turn rather than preempt
     assert [os.sched_getscheduler(w) for w in workers] == [os.SCHED_OTHER] * 2
     os.kill(workers[-1], signal.SIGKILL)
     final = ended(c, job.id, 120)
@@ -398,11 +412,11 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster,
     c.wait_until(lambda: c.job(job.id).step >= 5, 60)
     (tmp_path / "agents" / "node-1" / job.id / "die-node-1_1.json").write_text(json.dumps({"scope": scope}))
     if scope == "node":
-        c.killed.add(1)  # it is to die: the cluster's watch must not count it as a crash
+        c.killed.add("node-1")  # it is to die: the cluster's watch must not count it as a crash
     c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/1", rate=4.0))
     final = ended(c, job.id, 300)
     assert final.state == state_pb2.JOB_STATE_COMPLETED, final.detail
-    assert c.agents[1].poll() == (-9 if scope == "node" else None)
+    assert c.agents["node-1"].poll() == (-9 if scope == "node" else None)
     events = [
         (e.kind, json.loads(e.details_json)) for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))
     ]

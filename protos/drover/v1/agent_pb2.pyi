@@ -45,18 +45,20 @@ class Hello(_message.Message):
     def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("id", "kind", "name", "memory_gib", "tflops")
+    __slots__ = ("id", "kind", "name", "memory_gib", "tflops", "intra_gbps")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_GIB_FIELD_NUMBER: _ClassVar[int]
     TFLOPS_FIELD_NUMBER: _ClassVar[int]
+    INTRA_GBPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     name: str
     memory_gib: float
     tflops: float
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_gib: _Optional[float] = ..., tflops: _Optional[float] = ...) -> None: ...
+    intra_gbps: float
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_gib: _Optional[float] = ..., tflops: _Optional[float] = ..., intra_gbps: _Optional[float] = ...) -> None: ...
 
 class Nic(_message.Message):
     __slots__ = ("name", "type", "gbps")
