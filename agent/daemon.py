@@ -59,6 +59,7 @@ class Agent:
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         if emulate is not None:
             self.devices, self.nics = discovery.emulated(emulate, node)
+            self.nics = discovery.emulated_nics() or self.nics  # inside an emulated network: its interfaces
         else:
             self.devices, self.nics = discovery.devices(node, cpu_devices), discovery.nics()
         self.work_dir = Path(work_dir)

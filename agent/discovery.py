@@ -93,6 +93,10 @@ def nics(sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB) -> list[NicInfo]:
     for path in sorted(sys_net.iterdir()) if sys_net.is_dir() else []:
         if path.name == "lo":
             continue
+        label = _read(path / "ifalias").split(":")
+        if label[0] == "drover" and len(label) == 3 and label[1] in ("infiniband", "roce", "ethernet"):
+            out.append(NicInfo(path.name, label[1], _number(label[2])))  # an emulated network's interface
+            continue
         kind = "infiniband" if _read(path / "type") == "32" else "roce" if path.name in roce_netdevs else "ethernet"
         speed = _read(path / "speed")
         out.append(
@@ -107,6 +111,19 @@ def nic_bytes(name: str, sys_net: Path = SYS_NET) -> tuple[int, int]:
     """(tx, rx) byte counters of a NIC."""
     stats = sys_net / name / "statistics"
     return int(_read(stats / "tx_bytes") or 0), int(_read(stats / "rx_bytes") or 0)
+
+
+def emulated_nics() -> list[NicInfo]:
+    """The interfaces an emulated network labelled (cli/netem.py: ifalias drover:TYPE:GBPS), if any."""
+    return [n for n in nics() if _read(SYS_NET / n.name / "ifalias").startswith("drover:")]
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return 0.0
+    return value if value >= 0 and value != float("inf") else 0.0
 
 
 def _read(path: Path) -> str:

@@ -47,10 +47,14 @@ class LocalCluster:
         model_modules: tuple[str, ...] = (),
         python_path: tuple[str, ...] = (),
         emulate: Path | None = None,
+        network=None,
     ):
         """model_modules and python_path: what custom models' entry points import, and the
         folders they are imported from (cli/models.py's ModelReader found both). emulate: a
-        cluster file whose nodes the agents are (nodes and devices_per_node unused)."""
+        cluster file whose nodes the agents are (nodes and devices_per_node unused). network: a
+        NetworkEmulation (cli/netem.py) made from that file: each agent runs in its node's
+        namespace and reaches the control plane over the emulated Ethernet."""
+        self.network = network
         self.work_dir = Path(work_dir)
         self.emulate = Path(emulate).resolve() if emulate else None
         if self.emulate is not None:
@@ -64,7 +68,8 @@ class LocalCluster:
         self.logs = self.work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.address = f"127.0.0.1:{free_port()}"  # clients
-        self.agent_address = f"127.0.0.1:{free_port()}"
+        agent_host = network.control_plane_host if network is not None else "127.0.0.1"
+        self.agent_address = f"{agent_host}:{free_port()}"
         # The secure path is the one run: a fresh CA, certificates for the server and every node,
         # and the admin token this cluster's own calls use.
         self.certs = self.work_dir / "certs"
@@ -72,7 +77,7 @@ class LocalCluster:
             shutil.rmtree(self.certs)
         self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
         names = self.nodes + [n for n in spare_nodes if n not in self.nodes]
-        make_credentials(self.certs, names, ["localhost", "127.0.0.1"])
+        make_credentials(self.certs, names, sorted({"localhost", "127.0.0.1", agent_host}))
         self.target = Target.from_files(self.address, self.certs / "ca.pem", self.certs / "admin.token")
         self._log_files = []
         self.server = self._start_server(log_mode="w")
@@ -175,12 +180,18 @@ class LocalCluster:
         )
 
     def _start(
-        self, args: list[str], log_name: str, log_mode: str, own_group: bool = False, env: dict | None = None
+        self,
+        args: list[str],
+        log_name: str,
+        log_mode: str,
+        own_group: bool = False,
+        env: dict | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> subprocess.Popen:
         log = open(self.logs / log_name, log_mode)
         self._log_files.append(log)
         return subprocess.Popen(
-            DROVER + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group, env=env
+            [*prefix, *DROVER, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group, env=env
         )
 
     def _start_agent(self, name: str, log_mode: str) -> subprocess.Popen:
@@ -191,13 +202,17 @@ class LocalCluster:
             args += ["--cpu-devices", str(self.devices_per_node)]
         args += ["--interval", str(self.telemetry_interval_s)]
         args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]
-        env = None
+        env, prefix = dict(os.environ), ()
         if self.model_modules:
             args += ["--model-modules", ",".join(self.model_modules)]
             paths = [*self.python_path, os.environ.get("PYTHONPATH", "")]
-            env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+            env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        if self.network is not None:  # in the node's namespace (ip netns exec execs: the same process)
+            env |= self.network.environment()
+            prefix = tuple(self.network.command(name))
+        log = f"agent-{name.removeprefix('node-')}.log"
         # In a process group of its own: kill_node takes the agent with its workers.
-        return self._start(args, f"agent-{name.removeprefix('node-')}.log", log_mode, own_group=True, env=env)
+        return self._start(args, log, log_mode, own_group=True, env=env, prefix=prefix)
 
     def start_node(self, name: str) -> None:
         """Start (or start again, after kill_node) the agent of node NAME; it must have had a

@@ -4,9 +4,12 @@ followed to the end, then a summary. The README's first command."""
 from __future__ import annotations
 
 import json
+import signal
 import statistics
+import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -14,11 +17,13 @@ import grpc
 
 from drover.control_plane.jobfile import load_job
 from drover.planner.cluster import load_cluster
+from drover.planner.network import load_network
 from drover.planner.wire import job_state_name
 
 from .client import jobs_pb2
 from .local_cluster import LocalCluster
 from .models import ModelReader
+from .netem import NetworkEmulation, NetworkError
 from .options import parse_slowdowns
 from .render import progress_line, table
 
@@ -46,6 +51,13 @@ def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
     type=click.Path(exists=True, dir_okay=False),
     help="Emulate this cluster file instead of --nodes x --devices-per-node: its nodes, paced devices timed "
     "as its GPUs (slower by its rates), its NICs and links; the planner sees the same.",
+)
+@click.option(
+    "--network",
+    "network_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Like --cluster, and also run each node in a network namespace of its own, joined to the file's "
+    "networks by veth links shaped with tc (needs root).",
 )
 @click.option(
     "--job",
@@ -96,6 +108,7 @@ def up(
     nodes: int,
     devices_per_node: int,
     cluster_file: str | None,
+    network_file: str | None,
     job_file: str,
     straggles,
     kills,
@@ -112,12 +125,19 @@ def up(
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)
+    if cluster_file and network_file:
+        raise click.UsageError("give --cluster FILE or --network FILE (which is a cluster file too), not both")
+    networks = None
+    if network_file:
+        cluster_file = network_file
+        networks = load_network(network_file)[1]
     names = [f"node-{i}" for i in range(nodes)]
     shape = f"{nodes} nodes x {devices_per_node} devices"
     if cluster_file:
         emulated = load_cluster(cluster_file)
         names = [n.name for n in emulated.nodes]
-        shape = f"emulated cluster {emulated.name} ({len(names)} nodes, {len(emulated.devices)} paced devices)"
+        shape = f"emulated cluster {emulated.name} ({len(names)} nodes, {len(emulated.devices)} paced devices"
+        shape += f"; networks {', '.join(w.name for w in networks)})" if networks else ")"
     for name, _ in kills:
         if name not in names:
             raise click.BadParameter(f"{name}: the cluster's nodes are {', '.join(names)}", param_hint="--kill")
@@ -128,16 +148,29 @@ def up(
         raise click.BadParameter("an emulated cluster's nodes are those of its file", param_hint="--join")
     reader = ModelReader()
     load_job(job_file, reader)  # a bad file fails before any process starts; a custom model's code is found
-    with LocalCluster(
-        out,
-        nodes,
-        devices_per_node,
-        data_root=root,
-        spare_nodes=tuple(name for name, _ in joins),
-        model_modules=tuple(reader.modules),
-        python_path=tuple(reader.folders),
-        emulate=Path(cluster_file) if cluster_file else None,
-    ) as cluster:
+    stack = ExitStack()
+    # SIGTERM ends the run as Ctrl-C does: processes stopped, namespaces and links removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    with stack:
+        network = None
+        if networks:
+            try:
+                network = stack.enter_context(NetworkEmulation(emulated, networks))
+            except NetworkError as exc:
+                raise click.UsageError(f"--network: {exc}") from None
+        cluster = stack.enter_context(
+            LocalCluster(
+                out,
+                nodes,
+                devices_per_node,
+                data_root=root,
+                spare_nodes=tuple(name for name, _ in joins),
+                model_modules=tuple(reader.modules),
+                python_path=tuple(reader.folders),
+                emulate=Path(cluster_file) if cluster_file else None,
+                network=network,
+            )
+        )
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
         where = f"{submitted.steps} steps on {shape}; control plane {cluster.address}"
         click.echo(f"{submitted.id}: {submitted.model_name}, {where}")

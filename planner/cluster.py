@@ -190,7 +190,7 @@ def _parse_node(raw, defaults: dict, source: str, prefix: str) -> Node:
 
 def cluster_from_dict(data: dict, source: str = "cluster") -> Cluster:
     f = Fields(data, source)
-    f.reject_unknown({"name", "defaults", "nodes", "rates"})
+    f.reject_unknown({"name", "defaults", "nodes", "rates", "networks"})  # networks: an emulation's (network.py)
     defaults = f.mapping("defaults", {}).data
     Fields(defaults, source, "defaults").reject_unknown(_NODE_KEYS - {"name"})
     raw_nodes = f.items("nodes")

@@ -42,6 +42,7 @@ from .checkpoint import complete_checkpoints, find_checkpoint, load_checkpoint, 
 from .checkpoint import read_meta as read_checkpoint_meta
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
+from .links import bound_to, interface_for, network_layout
 from .migration import migrate, summarize
 from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
@@ -123,6 +124,7 @@ class Worker:
         if self.bf16 and torch_device.type != "cuda":
             raise SpecError(self.spec.name, "precision", "bf16", "fp32 on CPU devices (bf16 runs on CUDA)")
         self.tp_clock = WaitClock()  # time in this worker's TP all-reduces
+        self.network = network_layout()  # an emulated network's nodes and networks; {}: none
         self.slow = args.slow
         self.received: dict[int, Plan] = {}  # version -> plan
         self.version, self.plan = 0, None
@@ -504,9 +506,12 @@ class Worker:
                 self.sync_pgs.append((group, pg))
 
     def _group(self, ranks: tuple[int, ...]):
+        """The process group of these ranks, on the network their nodes share (links.py)."""
         key = tuple(sorted(ranks))
         if key not in self.groups:
-            self.groups[key] = dist.new_group(list(key))
+            nodes = {device.split("/")[0] for device, rank in self.ranks.items() if rank in key}
+            with bound_to(interface_for(nodes, self.network)):
+                self.groups[key] = dist.new_group(list(key))
         return self.groups[key]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -134,6 +135,53 @@ def test_drover_up_emulates_a_paced_cluster_file(tmp_path):
     assert any(e["kind"] == "plan_committed" and e["plan_version"] > 1 for e in events)
     assert "while slow" in run.stdout and "after the new plan" in run.stdout
     assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
+def nic_bytes(db: Path) -> dict[tuple[str, str], float]:
+    """Bytes each node sent on each NIC while the job ran: its agents' NIC samples, integrated."""
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute("SELECT node, nic, time, tx_bytes_per_s FROM nic_samples ORDER BY id").fetchall()
+    sent, last = {}, {}
+    for node, nic, at, rate in rows:
+        if (node, nic) in last:
+            sent[(node, nic)] = sent.get((node, nic), 0.0) + rate * (at - last[(node, nic)])
+        last[(node, nic)] = at
+    return sent
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
+    """Two nodes on InfiniBand, two on RoCE, all four on a slower Ethernet, each in its own
+    namespace: Drover's plan keeps each data-parallel group inside one RDMA network, its
+    gradients travel there and not on Ethernet, and the model is the single-process one."""
+    network = ROOT / "examples" / "clusters" / "ib-roce-eth.yaml"
+    out = tmp_path / "out"
+    run = drover_up(TINY_JOB, out, "--network", str(network))
+    assert "networks ib, roce, eth" in run.stdout
+    plan = next(e for e in events_of(out) if e["kind"] == "plan_committed")["plan"]
+    replicas: dict[tuple, set] = {}
+    for p in plan["pipelines"]:
+        for s in p["stages"]:
+            replicas.setdefault(tuple(s["layers"]), set()).update(d.split("/")[0] for d in s["devices"])
+    nets = {"ib-0": "ib", "ib-1": "ib", "roce-0": "roce", "roce-1": "roce"}
+    assert all(len({nets[n] for n in nodes}) == 1 for nodes in replicas.values()), replicas
+    assert any(len(nodes) > 1 for nodes in replicas.values()), replicas  # data parallelism across nodes
+    sent = nic_bytes(out / "drover.db")
+    spec = load_job(TINY_JOB).model
+    for layers, nodes in replicas.items():
+        if len(nodes) < 2:
+            continue
+        gradient = (layers[1] - layers[0]) * spec.block_params * 4 * load_job(TINY_JOB).steps / 2  # per TP rank
+        for node in nodes:
+            assert sent[(node, nets[node])] > gradient, (node, sent)
+            assert sent[(node, "eth")] < sent[(node, nets[node])] / 2, (node, sent)
+    assert ip_netns() == [], "the run's namespaces are removed"
+    assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
+def ip_netns() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [name for name in listed if name.startswith("drv")]
 
 
 def test_drover_up_trains_the_users_own_model_through_a_switch(tmp_path):
