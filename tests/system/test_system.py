@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,38 @@ def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
             assert sent[(node, "eth")] < sent[(node, nets[node])] / 2, (node, sent)
     assert ip_netns() == [], "the run's namespaces are removed"
     assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
+    network = ROOT / "examples" / "clusters" / "ib-roce-eth.yaml"
+    out = tmp_path / "out"
+    up = subprocess.Popen(
+        DROVER + ["up", "--network", str(network), "--job", str(job), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "trace.jsonl").exists() or not (out / "trace.jsonl").read_text():
+            assert up.poll() is None and time.time() < deadline, up.stdout.read() if up.poll() is not None else ""
+            time.sleep(0.2)
+        ours = [n for n in ip_netns() if n.startswith(f"drv{up.pid}-")]
+        assert len(ours) == 5  # a hub and one namespace per node
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=60) != 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert not [n for n in ip_netns() if n.startswith(f"drv{up.pid}-")]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"drv{up.pid}-cp" not in links
+    agents = subprocess.run(["pgrep", "-f", f"--work-dir {out}/agents"], capture_output=True, text=True).stdout
+    assert agents.strip() == "", agents
 
 
 def ip_netns() -> list[str]:
