@@ -18,6 +18,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/migration.py
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/network.py
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/fuzz.py

@@ -22,12 +22,12 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from drover.agent.runtime.links import NETWORK_ENV, Namespaces
 from drover.planner.cluster import Cluster
 from drover.planner.network import Network
 
 SUBNET = "10.213"
 CONTROL_PLANE_HOST = 254
-NETWORK_ENV = "DROVER_NETWORK"  # {node: {network: type}}, for the workers' choice of interface
 _OURS = re.compile(r"drv(\d+)-")
 
 
@@ -74,6 +74,14 @@ class NetworkEmulation:
     def environment(self) -> dict[str, str]:
         """What an agent in a node's namespace runs with: gloo's default interface is Ethernet."""
         return {"GLOO_SOCKET_IFNAME": self.ethernet_interface, NETWORK_ENV: json.dumps(self.layout())}
+
+    def namespaces(self, rank0_node: str) -> Namespaces:
+        """For workers started here (drover train, benchmarks): each enters its node's namespace."""
+        return Namespaces(
+            {n.name: self.namespace(n.name) for n in self.cluster.nodes},
+            self.address(self.ethernet, rank0_node),
+            self.environment(),
+        )
 
     def command(self, node: str) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(node)]

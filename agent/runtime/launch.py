@@ -22,6 +22,7 @@ from drover.planner.training import Training, lr_at
 
 from .checkpoint import model_meta
 from .inputs import open_inputs
+from .links import Namespaces
 from .model import EMBED, HEAD, Decoder, config_of, loss_sum
 from .optim import AdamW, clip_factor, local_sq_norm
 from .worker import WorkerArgs, worker_main
@@ -50,13 +51,15 @@ def train_workers(
     data_root: str | Path = ".",
     tick: Callable[[], None] | None = None,
     paced: Cluster | None = None,
+    namespaces: Namespaces | None = None,
 ) -> None:
     """Train with `workers` processes; plans[0] starts at the first step (0, or the resumed
     checkpoint's), the others arrive at their steps. The job's inputs are opened here first,
     so a bad one fails before any worker starts. `tick` is called twice a second meanwhile.
 
     paced: an emulated cluster, one worker per device (its ids, in order). Each takes the
-    time its GPU would (pace_of), slower by the device's rate in the cluster or in `slow`."""
+    time its GPU would (pace_of), slower by the device's rate in the cluster or in `slow`.
+    namespaces: each worker runs in its node's namespace of an emulated network."""
     cluster = paced or local_cluster(workers)
     if len(cluster.devices) != workers:
         raise PlanError("workers", f"{workers} workers for the {len(cluster.devices)} devices of {cluster.name}")
@@ -72,7 +75,8 @@ def train_workers(
         ids = [d.id for d in cluster.devices]
         raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are {ids[0]}..{ids[-1]}")
     ranks = {d.id: i for i, d in enumerate(cluster.devices)}
-    init = f"tcp://127.0.0.1:{free_port()}"
+    host = namespaces.master_host if namespaces else "127.0.0.1"
+    init = f"tcp://{host}:{free_port()}"
     ctx = worker_context()
     procs = []
     for device in cluster.devices:
@@ -88,6 +92,8 @@ def train_workers(
             str(data_root),
             slow.get(device.id),
             pace_of(cluster, device, spec) if paced else 0.0,
+            namespaces.of_node[device.id.split("/")[0]] if namespaces else "",
+            namespaces.env if namespaces else None,
             ranks=ranks,
         )
         proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")

@@ -13,11 +13,37 @@ itself.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 NETWORK_ENV = "DROVER_NETWORK"
+CLONE_NEWNET = 0x40000000
+
+
+@dataclass(frozen=True)
+class Namespaces:
+    """Where a local run's workers live in an emulated network (drover train and the
+    benchmarks; agents are started inside theirs): each node's network namespace, rank 0's
+    address there (the rendezvous), and the environment (gloo's interface, the layout)."""
+
+    of_node: dict[str, str]
+    master_host: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def enter_namespace(name: str) -> None:
+    """Move this process (its calling thread, and every thread it starts later) into network
+    namespace NAME, as `ip netns exec` does; before any socket is made."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{name}") as handle:
+        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name}: {os.strerror(errno)}")
+
+
 PREFERRED = ("infiniband", "roce")
 
 

@@ -42,7 +42,7 @@ from .checkpoint import complete_checkpoints, find_checkpoint, load_checkpoint, 
 from .checkpoint import read_meta as read_checkpoint_meta
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
-from .links import bound_to, interface_for, network_layout
+from .links import bound_to, enter_namespace, interface_for, network_layout
 from .migration import migrate, summarize
 from .model import build_part, config_of
 from .optim import AdamW, clip_factor, local_sq_norm
@@ -102,6 +102,8 @@ class WorkerArgs:
     data_root: str = "."  # the job's paths (data, init, checkpoints, resume) are relative to it
     slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
     pace: float = 0.0  # a paced device's FLOP/s (the emulated GPU's tflops x mfu); 0: not paced
+    netns: str = ""  # an emulated network's namespace to run in (a local run; agents start inside theirs)
+    env: dict | None = None  # set before anything else (an emulated network's gloo interface and layout)
     ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
     # A directory an agent drops files into while the job runs: plan-V.json
     # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
@@ -525,6 +527,9 @@ def torch_device_of(args: WorkerArgs) -> torch.device:
 
 
 def worker_main(args: WorkerArgs) -> None:
+    if args.netns:
+        enter_namespace(args.netns)
+    os.environ.update(args.env or {})
     torch.set_num_threads(1)  # one core per worker; the host has few
     os.makedirs(Path(args.out_dir) / "telemetry", exist_ok=True)
     torch_device = torch_device_of(args)

@@ -1,0 +1,137 @@
+"""Heterogeneous networks, measured: real training on an emulated cluster of two
+InfiniBand nodes, two RoCE nodes and a slower Ethernet among all four
+(examples/clusters/ib-roce-eth.yaml), each node in its own network namespace
+with links shaped by tc, paced devices (docs/architecture.md).
+
+Runs, one after another, in one run of this script:
+- Drover's NIC-aware plan (data-parallel replicas within one RDMA network,
+  only pipeline boundaries crossing between InfiniBand and RoCE);
+- the same shapes laid out in file order (the uniform strategy's layout), so
+  that data-parallel traffic crosses between NIC types and falls back to
+  Ethernet;
+- Drover's plan on the same nodes with all four on one InfiniBand network.
+Reports samples/s of each (median step after a warm-up step), the cost
+model's prediction for the same plan next to it, and the ratios against the
+targets. Needs root. Prints JSON.
+
+    python bench/network.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from drover.agent.runtime.launch import train_workers
+from drover.cli.netem import NetworkEmulation
+from drover.planner import evaluate, make_plan, plan_from_dict
+from drover.planner.cluster import cluster_from_dict
+from drover.planner.model import model_from_dict
+from drover.planner.network import networks_from_dict
+from drover.planner.training import Training
+
+ROOT = Path(__file__).resolve().parents[1]
+MIXED = yaml.safe_load((ROOT / "examples" / "clusters" / "ib-roce-eth.yaml").read_text())
+# Gradient-heavy, as data parallelism across nodes is: a model whose synchronisation the
+# networks decide, with enough micro-batches to keep the pipelines busy.
+SPEC = model_from_dict(
+    {
+        "name": "bench-network",
+        "layers": 4,
+        "hidden": 128,
+        "ffn_hidden": 512,
+        "heads": 4,
+        "seq_len": 32,
+        "vocab": 128,
+        "global_batch": 32,
+        "micro_batch": 2,
+    }
+)
+
+
+def all_infiniband(data: dict) -> dict:
+    """The same nodes and rates, every RDMA NIC an InfiniBand one on a single network."""
+    data = copy.deepcopy(data)
+    data["name"] = "all-ib-eth"
+    for node in data["nodes"]:
+        node["nics"] = [{**nic, "type": "infiniband"} for nic in node.get("nics", [])]
+    data["networks"] = {"ib": {"type": "infiniband", "nodes": "all"}, "eth": {"type": "ethernet", "nodes": "all"}}
+    return data
+
+
+def in_file_order(plan, cluster):
+    """The plan's shapes with its devices taken in the cluster file's order."""
+    ordered = iter(d.id for d in cluster.devices)
+    data = plan.to_dict()
+    data.pop("predicted", None)
+    for pipeline in data["pipelines"]:
+        for stage in pipeline["stages"]:
+            stage["devices"] = [next(ordered) for _ in stage["devices"]]
+    data["strategy"] = "file-order"
+    return plan_from_dict(data)
+
+
+def measure(data: dict, plan, steps: int) -> float:
+    cluster = cluster_from_dict(data, data["name"])
+    networks = networks_from_dict(data, cluster, data["name"])
+    rank0_node = plan.pipelines[0].stages[0].devices[0].split("/")[0]
+    with NetworkEmulation(cluster, networks) as network, tempfile.TemporaryDirectory() as out:
+        namespaces = network.namespaces(rank0_node)
+        workers = len(cluster.devices)
+        train_workers(SPEC, workers, [(0, plan)], out, Training(steps), paced=cluster, namespaces=namespaces)
+        trace = [json.loads(line) for line in (Path(out) / "trace.jsonl").read_text().splitlines()]
+    return statistics.median(t["samples_per_s"] for t in trace[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/network.py needs root (network namespaces, veth pairs, tc)")
+    mixed, uniform_ib = MIXED, all_infiniband(MIXED)
+    mixed_cluster, ib_cluster = cluster_from_dict(mixed), cluster_from_dict(uniform_ib)
+    nic_aware = make_plan(mixed_cluster, SPEC, "drover")
+    file_order = in_file_order(nic_aware, mixed_cluster)
+    on_ib = make_plan(ib_cluster, SPEC, "drover")
+    runs = {
+        "nic_aware_mixed": (mixed, mixed_cluster, nic_aware),
+        "file_order_mixed": (mixed, mixed_cluster, file_order),
+        "drover_all_ib": (uniform_ib, ib_cluster, on_ib),
+    }
+    measured, predicted = {}, {}
+    for name, (data, cluster, plan) in runs.items():
+        measured[name] = measure(data, plan, args.steps)
+        predicted[name] = evaluate(plan, cluster, SPEC).samples_per_s
+    print(
+        json.dumps(
+            {
+                "cores": os.cpu_count(),
+                "cluster": "examples/clusters/ib-roce-eth.yaml",
+                "plans": {
+                    name: [[s["devices"] for s in p["stages"]] for p in plan.to_dict()["pipelines"]]
+                    for name, (_, _, plan) in runs.items()
+                },
+                "samples_per_s": measured,
+                "predicted_samples_per_s": predicted,
+                "measured_over_predicted": {k: measured[k] / predicted[k] for k in runs},
+                "target_measured_over_predicted_within": 0.25,
+                "mixed_over_all_ib": measured["nic_aware_mixed"] / measured["drover_all_ib"],
+                "target_mixed_over_all_ib_at_least": 0.9,
+                "nic_aware_over_file_order": measured["nic_aware_mixed"] / measured["file_order_mixed"],
+                "target_nic_aware_over_file_order_at_least": 1.3,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
