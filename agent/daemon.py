@@ -21,7 +21,7 @@ from drover.planner.cluster import Cluster
 from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
-from . import discovery
+from . import discovery, probe
 from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
@@ -62,6 +62,9 @@ class Agent:
             self.nics = discovery.emulated_nics() or self.nics  # inside an emulated network: its interfaces
         else:
             self.devices, self.nics = discovery.devices(node, cpu_devices), discovery.nics()
+        self.nics = discovery.with_addresses(self.nics)
+        self.probe_port = 0  # the link-probe responder's, once it runs
+        self._links: dict[str, list] = {}  # job -> LinkSamples measured, for its next telemetry
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root)  # every job's output lies inside it
         self.model_modules = tuple(model_modules)  # what custom models' entry points may import
@@ -71,11 +74,13 @@ class Agent:
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
+        self._probing: set[asyncio.Task] = set()
         start_worker_launcher()  # before the agent lowers its priority: workers keep the full one
 
     async def run_forever(self) -> None:
         """Until cancelled; the workers are stopped on the way out."""
         backoff = 0.2
+        server, self.probe_port = await probe.serve()
         try:
             while True:
                 try:
@@ -87,6 +92,7 @@ class Agent:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         finally:
+            server.close()
             self.stop()
 
     async def _session(self) -> None:
@@ -123,7 +129,8 @@ class Agent:
                 )
                 for d in self.devices
             ],
-            nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps) for n in self.nics],
+            nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps, address=n.address) for n in self.nics],
+            probe_port=self.probe_port,
             jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()],
         )  # ended ones too: level-triggered
 
@@ -212,10 +219,25 @@ class Agent:
                 workers = self.jobs.get(command.stop_workers.job_id)
                 if workers is not None:
                     workers.stop_devices(list(command.stop_workers.devices))
+            elif command.WhichOneof("body") == "probe_links":
+                task = asyncio.get_running_loop().create_task(self._probe(command.probe_links))
+                self._probing.add(task)
+                task.add_done_callback(self._probing.discard)
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
                     workers.stop()
+
+    async def _probe(self, command: agent_pb2.ProbeLinks) -> None:
+        """Each target in turn (probes at once would share the links they measure)."""
+        own = {n.name: n.address for n in self.nics}
+        for target in command.targets:
+            if target.nic not in own:
+                continue  # not an interface of this node: nothing to measure from
+            gbps = await probe.probe(target.address, target.port, target.bytes, own[target.nic])
+            sample = agent_pb2.LinkSample(nic=target.nic, peer=target.peer, gbps=gbps, time=time.time())
+            self._links.setdefault(command.job_id, []).append(sample)
+            log.info("link %s -> %s: %.3f Gbps", target.nic, target.peer, gbps)
 
     # -- what goes up ------------------------------------------------------------------
 
@@ -272,8 +294,9 @@ class Agent:
             for m in workers.new_migrations()
         ]
         progress, stalled, lost = workers.new_progress(), workers.stalled(), workers.lost_devices()
+        links = self._links.pop(job_id, [])
         now = time.time()
-        news = samples or migrations or progress or stalled or lost
+        news = samples or migrations or progress or stalled or lost or links
         if news or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:
             self._last_sent[job_id] = now  # nothing new: only a heartbeat now and then
             out.append(
@@ -288,6 +311,7 @@ class Agent:
                         progress=progress,
                         stalled_devices=stalled,
                         lost_devices=lost,
+                        links=links,
                     )
                 )
             )

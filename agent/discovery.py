@@ -6,8 +6,10 @@ devices timed as the file's GPUs, and the file's NICs."""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from drover.planner.cluster import Cluster
@@ -33,6 +35,7 @@ class NicInfo:
     name: str
     type: str  # infiniband | roce | ethernet
     gbps: float
+    address: str = ""  # its IPv4 address where it has one (link probes reach the node there)
 
 
 def emulated(cluster: Cluster, node: str) -> tuple[list[DeviceInfo], list[NicInfo]]:
@@ -116,6 +119,26 @@ def nic_bytes(name: str, sys_net: Path = SYS_NET) -> tuple[int, int]:
 def emulated_nics() -> list[NicInfo]:
     """The interfaces an emulated network labelled (cli/netem.py: ifalias drover:TYPE:GBPS), if any."""
     return [n for n in nics() if _read(SYS_NET / n.name / "ifalias").startswith("drover:")]
+
+
+def addresses() -> dict[str, str]:
+    """Interface -> its first IPv4 address (`ip -j addr`); empty where ip is missing."""
+    try:
+        done = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5)
+        listed = json.loads(done.stdout or "[]")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+    out = {}
+    for link in listed:
+        for info in link.get("addr_info", []):
+            if info.get("family") == "inet" and link.get("ifname") not in out:
+                out[link["ifname"]] = info.get("local", "")
+    return out
+
+
+def with_addresses(found: list[NicInfo]) -> list[NicInfo]:
+    known = addresses()
+    return [replace(n, address=known.get(n.name, "")) for n in found]
 
 
 def _number(text: str) -> float:

@@ -12,7 +12,9 @@ Runs, one after another, in one run of this script:
 - Drover's plan on the same nodes with all four on one InfiniBand network.
 Reports samples/s of each (median step after a warm-up step), the cost
 model's prediction for the same plan next to it, and the ratios against the
-targets. Needs root. Prints JSON.
+targets. Then `drover up --network` with ib-0's InfiniBand link shaped 40x
+slower mid-run: the step it is suspected at, the plan the measured link led
+to, and samples/s before, while slow and after. Needs root. Prints JSON.
 
     python bench/network.py
 """
@@ -24,6 +26,8 @@ import copy
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -90,6 +94,44 @@ def measure(data: dict, plan, steps: int) -> float:
     return statistics.median(t["samples_per_s"] for t in trace[1:])
 
 
+def slowed_link(steps: int = 80, at: int = 15, gbps: float = 0.005) -> dict:
+    """drover up on the emulated cluster (control plane, agents in their namespaces), ib-0's
+    InfiniBand link shaped to `gbps` at step `at`: samples/s before, while slow (until the
+    replan for the measured link is running) and after, and what the control plane did."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.yaml"
+        job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: {steps}\nseed: 0\n")
+        out = Path(tmp) / "out"
+        network = ROOT / "examples" / "clusters" / "ib-roce-eth.yaml"
+        command = [sys.executable, "-m", "drover.cli", "up", "--network", str(network), "--job", str(job)]
+        command += ["--slow-link", f"ib:ib-0={gbps}@{at}", "--out", str(out)]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        if run.returncode != 0:
+            raise SystemExit(f"drover up failed: {run.stdout[-2000:]}{run.stderr[-2000:]}")
+        trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    slowed_at = next(e["step"] for e in events if e["kind"] == "slow_link_suspected")
+    pushes = [e for e in events if e["kind"] == "plan_pushed" and "links measured" in e["reason"]]
+    commits = [e["step"] for e in events if e["kind"] == "plan_committed" and e["plan_version"] > 1]
+
+    def rate(lo, hi):
+        picked = [t["samples_per_s"] for t in trace if lo <= t["step"] < hi]
+        return statistics.median(picked) if picked else None
+
+    replanned = commits[0] if commits else None
+    return {
+        "slowed": f"ib:ib-0 to {gbps} Gbps at step {at}",
+        "slow_link_suspected_at_step": slowed_at,
+        "plans_pushed_for_links": [e["reason"] for e in pushes],
+        "new_plan_running_from_step": replanned,
+        "samples_per_s": {
+            "before": rate(1, at),
+            "while_slow": rate(at + 1, replanned or steps),
+            "after_new_plan": rate(replanned + 1, steps) if replanned else None,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -127,6 +169,7 @@ def main() -> None:
                 "target_mixed_over_all_ib_at_least": 0.9,
                 "nic_aware_over_file_order": measured["nic_aware_mixed"] / measured["file_order_mixed"],
                 "target_nic_aware_over_file_order_at_least": 1.3,
+                "slowed_link": slowed_link(),
             },
             indent=1,
         )

@@ -132,6 +132,15 @@ class NetworkEmulation:
         _run("ip", "addr", "add", f"{self.control_plane_host}/24", "dev", self.uplink)
         _run("ip", "link", "set", self.uplink, "up")
 
+    def set_rate(self, network_name: str, node: str, gbps: float) -> None:
+        """Shape node NODE's link into a network to `gbps` from now on, both ways (emulation of
+        a link going slow: drover up --slow-link)."""
+        k = next(k for k, w in enumerate(self.networks, 1) if w.name == network_name)
+        delay = self.networks[k - 1].delay_ms
+        i = self.cluster.node_index[node] + 1
+        shape(self.namespace(node), network_name, gbps, delay, "change")
+        shape(self.hub, f"n{i}x{k}", gbps, delay, "change")
+
     def remove(self) -> None:
         """Delete what this run made (a namespace takes its veths and qdiscs with it)."""
         for name in reversed(self.created):
@@ -142,19 +151,22 @@ class NetworkEmulation:
         self.created.clear()
 
 
-def shape(namespace: str, device: str, gbps: float, delay_ms: float) -> None:
-    """Egress of `device` at `gbps` (a token bucket), after `delay_ms` (netem) if asked."""
+def shape(namespace: str, device: str, gbps: float, delay_ms: float, verb: str = "add") -> None:
+    """Egress of `device` at `gbps` (a token bucket), after `delay_ms` (netem) if asked;
+    verb "change": a new rate for the bucket already there."""
     rate_kbit = max(int(gbps * 1e6), 8)
     burst = max(int(gbps * 1e9 / 8 / 100), 16 * 1024)  # 10 ms at the rate, at least a few packets
-    parent = ["root"]
-    if delay_ms:
+    parent = ["root", "handle", "2:"]
+    if delay_ms and verb == "change":
+        parent = ["parent", "1:", "handle", "2:"]
+    elif delay_ms:
         try:
             netem = ["handle", "1:", "netem", "delay", f"{delay_ms}ms"]
             _run("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", *netem)
         except NetworkError as exc:
             raise NetworkError(f"delay_ms needs the kernel's netem qdisc, which this machine lacks ({exc})") from None
-        parent = ["parent", "1:"]
-    _run("tc", "-n", namespace, "qdisc", "add", "dev", device, *parent, "tbf", "rate", f"{rate_kbit}kbit",
+        parent = ["parent", "1:", "handle", "2:"]
+    _run("tc", "-n", namespace, "qdisc", verb, "dev", device, *parent, "tbf", "rate", f"{rate_kbit}kbit",
          "burst", str(burst), "latency", "200ms")  # fmt: skip
 
 

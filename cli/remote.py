@@ -162,18 +162,38 @@ def job_cancel(job_id: str, address: str, as_json: bool) -> None:
 
 
 @click.command()
+@click.option("--links", "show_links", is_flag=True, help="The measured links instead: each NIC's newest probes.")
 @control_plane_option
 @json_option
-def nodes(address: str, as_json: bool) -> None:
-    """List nodes, their devices and NICs."""
+def nodes(show_links: bool, address: str, as_json: bool) -> None:
+    """List nodes, their devices and NICs (or, with --links, their measured links)."""
+    listed = _whole(jobs_pb2.ListNodesResponse, connect(address).ListNodes, jobs_pb2.ListNodesRequest(), "nodes")
+    if show_links:
+        _print(
+            listed,
+            as_json,
+            lambda r: table(
+                ["node", "nic", "peer", "measured Gbps", "measured"],
+                [
+                    [n.name, k.nic, k.peer, f"{k.gbps:.4g}" if k.gbps else "failed", _ago(k.time)]
+                    for n in r.nodes
+                    for k in n.links
+                ],
+            ),
+        )
+        return
     _print(
-        _whole(jobs_pb2.ListNodesResponse, connect(address).ListNodes, jobs_pb2.ListNodesRequest(), "nodes"),
+        listed,
         as_json,
         lambda r: table(
             ["node", "connected", "drained", "devices", "nics"],
             [[n.name, n.connected, n.drained, len(n.devices), ", ".join(n.nics)] for n in r.nodes],
         ),
     )
+
+
+def _ago(when: float) -> str:
+    return f"{max(0.0, time.time() - when):.0f} s ago"
 
 
 def _plan_rows(records) -> str:

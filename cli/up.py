@@ -32,6 +32,22 @@ def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
     return parse_slowdowns(values, param, "node-1/0=3@10")
 
 
+def _parse_slow_link(ctx, param, values) -> list[tuple[str, str, float, int]]:
+    out = []
+    for value in values:
+        link, _, rest = value.partition("=")
+        network, _, node = link.partition(":")
+        gbps, at, step = rest.partition("@")
+        try:
+            rate = float(gbps)
+        except ValueError:
+            rate = 0.0
+        if not (network and node and at and step.isdecimal() and rate > 0):
+            raise click.BadParameter(f"{value!r}: expected NET:NODE=GBPS@STEP, e.g. ib:ib-0=0.005@10", param=param)
+        out.append((network, node, rate, int(step)))
+    return out
+
+
 def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
     out = []
     for value in values:
@@ -91,6 +107,15 @@ def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
     help="Fault emulation: start NODE's agent once the job reaches STEP (a new node, or one --kill took); repeatable.",
 )
 @click.option(
+    "--slow-link",
+    "slow_links",
+    multiple=True,
+    callback=_parse_slow_link,
+    metavar="NET:NODE=GBPS@STEP",
+    help="Emulation (with --network): shape NODE's link into network NET to GBPS once the job reaches STEP; "
+    "repeatable.",
+)
+@click.option(
     "--out",
     "out_dir",
     default="out/up",
@@ -113,6 +138,7 @@ def up(
     straggles,
     kills,
     joins,
+    slow_links,
     out_dir: str,
     data_root: str,
     resume,
@@ -144,6 +170,14 @@ def up(
     for name, _ in joins:
         if name in names and name not in {n for n, _ in kills}:
             raise click.BadParameter(f"{name} runs already; join a new node or one --kill took", param_hint="--join")
+    if slow_links and not networks:
+        raise click.BadParameter("links are slowed in an emulated network: give --network", param_hint="--slow-link")
+    for network_name, node, _, _ in slow_links:
+        joined = [w.nodes for w in networks or () if w.name == network_name]
+        if not joined or node not in joined[0]:
+            listed = ", ".join(f"{w.name} ({', '.join(w.nodes)})" for w in networks or ())
+            problem = f"{network_name}:{node}: not a node of that network; {listed}"
+            raise click.BadParameter(problem, param_hint="--slow-link")
     if cluster_file and any(name not in names for name, _ in joins):
         raise click.BadParameter("an emulated cluster's nodes are those of its file", param_hint="--join")
     reader = ModelReader()
@@ -177,21 +211,23 @@ def up(
         for device, rate, step in straggles:
             cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
         faults = [(step, "kill", name) for name, step in kills] + [(step, "join", name) for name, step in joins]
+        faults += [(step, "slow-link", (net, node, gbps, network)) for net, node, gbps, step in slow_links]
         if faults:
             threading.Thread(target=_faults_at_steps, args=(cluster, submitted.id, faults), daemon=True).start()
         _follow(cluster.stub, submitted.id, out)
         job = cluster.job(submitted.id)
         slow_from_start = [0] if cluster_file and any(r > 1 for r in emulated.rates.values()) else []
-        click.echo(summary(out, job, [s[2] for s in straggles] + slow_from_start))
+        slowed = [s[2] for s in straggles] + slow_from_start + [step for *_, step in slow_links]
+        click.echo(summary(out, job, slowed))
         if job.HasField("progress"):  # what reached the control plane with the telemetry
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 
 
-def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int, str, str]]) -> None:
+def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple]) -> None:
     """Kill or start each node once the job's step reaches its STEP (polling the control plane)."""
-    pending = sorted(faults)
+    pending = sorted(faults, key=lambda fault: fault[0])
     while pending:
         try:
             job = cluster.job(job_id)
@@ -202,7 +238,11 @@ def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple[int,
             return
         while pending and job.step >= pending[0][0]:
             _, action, name = pending.pop(0)
-            if action == "kill":
+            if action == "slow-link":
+                net, node, gbps, network = name
+                click.echo(f"  step {job.step:>4}  slowing {node}'s link into {net} to {gbps:g} Gbps")
+                network.set_rate(net, node, gbps)
+            elif action == "kill":
                 click.echo(f"  step {job.step:>4}  killing {name} (its agent and workers)")
                 cluster.kill_node(name)
             else:

@@ -265,6 +265,9 @@ def _node(session, row) -> jobs_pb2.Node:
         last_seen=row.last_seen,
         devices=[d.id for d in queries.devices_of(session, row.name)],
         nics=[f"{n.name} ({n.type})" for n in queries.nics_of(session, row.name)],
+        links=[
+            jobs_pb2.Link(nic=k.nic, peer=k.peer, gbps=k.gbps, time=k.time) for k in queries.links_of(session, row.name)
+        ],
     )
 
 

@@ -57,6 +57,8 @@ DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while othe
 # A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
 # with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
 MAX_JOB_DEVICES = 16_384
+PROBE_EVERY_S = 3.0  # a node's links are probed at most this often for a job
+PROBE_S = 0.2  # a probe sends about this long's worth of bytes at the NIC's nominal speed
 REPLACED = object()  # put in a node's outbox when a newer stream of the node takes over
 
 
@@ -92,6 +94,9 @@ class RunningJob:
     reconciler: asyncio.Task | None = None
     ending: bool = False  # the reconcile task finishes its round and stops
     world_change: asyncio.Lock = field(default_factory=asyncio.Lock)  # one recovery or growth at a time
+    planned_links: dict = field(default_factory=dict)  # "node:nic" -> Gbps the current plan assumed
+    links: dict = field(default_factory=dict)  # "node:nic" -> Gbps measured by link probes
+    probed_at: dict = field(default_factory=dict)  # node -> when its links were last probed (monotonic)
 
     def state(self, detection_paused: bool) -> JobState:
         return JobState(
@@ -104,6 +109,7 @@ class RunningJob:
             planned_rates=dict(self.planned_rates),
             announced=frozenset(self.announced),
             detection_paused=detection_paused,
+            planned_links=dict(self.planned_links),
         )
 
 
@@ -252,7 +258,9 @@ class ControlPlane:
         if hello.node in self._lost:
             self._lost.pop(hello.node).cancel()
         try:
-            await self.store.write(lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version))
+            await self.store.write(
+                lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version, hello.probe_port)
+            )
             self.place_pending_soon()  # a waiting job may fit now
             for job in self.jobs.values():
                 job.join_skipped.discard(hello.node)  # a fresh offer
@@ -415,7 +423,7 @@ class ControlPlane:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
                 if s.compute_s_per_block > 0:
-                    job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s)
+                    job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
                 else:  # idle (left out of the plan): no work to judge, and an old window would mislead
                     job.detector.forget(s.device)
                 job.step = max(job.step, s.step)
@@ -454,6 +462,8 @@ class ControlPlane:
         )
         if job is None:
             return
+        if message.links:
+            await self._record_links(job, node, message.links)
         for m in message.migrations:
             job.switched_at[m.plan_version] = m.step
             if m.recovered_from:
@@ -483,6 +493,18 @@ class ControlPlane:
             )
         job.node_versions[node] = message.active_plan_version
         job.wake.set()
+
+    async def _record_links(self, job: RunningJob, node: str, links) -> None:
+        for i, link in enumerate(links):
+            if link.peer not in job.nodes or link.peer == node:
+                raise InvalidArgument(f"telemetry.links[{i}].peer = {link.peer[:80]!r}: another node of {job.id}")
+        samples = [{"nic": k.nic[:64], "peer": k.peer, "gbps": k.gbps, "time": k.time} for k in links]
+        changed = await self.store.write(lambda s: queries.record_links(s, node, samples))
+        for (owner, nic), (before, after) in sorted(changed.items()):
+            job.links[f"{owner}:{nic}"] = after
+            await self._event(job, "link_measured", {"node": owner, "nic": nic, "gbps": after, "was_gbps": before})
+        if changed:
+            job.wake.set()
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
         job = self._job_placed_on(node, status.job_id)
@@ -733,6 +755,7 @@ class ControlPlane:
         job = RunningJob(
             job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings), out_dir=out
         )
+        job.planned_links = {f"{n}:{nic.name}": nic.measured_gbps or nic.gbps for n, _, nics in nodes for nic in nics}
         self._track(job)
         start = agent_pb2.StartJob(
             job_id=job_id,
@@ -753,7 +776,46 @@ class ControlPlane:
             return await self.store.query(lambda s: queries.get_job(s, job_id))
         for node in job.nodes:
             self.outboxes[node].put_nowait(agent_pb2.ControlMessage(start_job=start))
+        if len(job.nodes) > 1:
+            self._soon(self._probe_links(job, job.nodes), f"probe the links of {job_id}")
         return job_row
+
+    async def _probe_links(self, job: RunningJob, nodes: list[str]) -> None:
+        """Ask the agents of `nodes` to measure their links to the job's other nodes, network by
+        network (a NIC of the same name and type at both ends); each pair once."""
+        nodes = [n for n in nodes if job.probed_at.get(n, -PROBE_EVERY_S) <= time.monotonic()]  # not one due
+        if not nodes:
+            return
+        due = max(job.probed_at.get(n, -PROBE_EVERY_S) + PROBE_EVERY_S for n in nodes)
+        for node in nodes:
+            job.probed_at[node] = max(due, time.monotonic())
+        await asyncio.sleep(max(0.0, due - time.monotonic()))  # probes a moment ago: this one waits its turn
+        if job.ending:
+            return
+
+        def members(session):
+            return {
+                n: (queries.get_node(session, n).probe_port, {c.name: c for c in queries.nics_of(session, n)})
+                for n in job.nodes
+            }
+
+        known = await self.store.query(members)
+        for node in nodes:
+            port, nics = known[node]
+            targets = []
+            for peer, (peer_port, peer_nics) in known.items():
+                if peer == node or not peer_port or (peer in nodes and peer < node):
+                    continue  # each pair once: the node with the smaller name sends
+                for name, nic in nics.items():
+                    other = peer_nics.get(name)
+                    if nic.address and other is not None and other.address and other.type == nic.type:
+                        size = int(min(max((nic.gbps or 1.0) * 1e9 / 8 * PROBE_S, 64 << 10), 64 << 20))
+                        targets.append(
+                            agent_pb2.LinkTarget(nic=name, peer=peer, address=other.address, port=peer_port, bytes=size)
+                        )
+            if targets and node in self.outboxes:
+                probe = agent_pb2.ProbeLinks(job_id=job.id, targets=targets)
+                self.outboxes[node].put_nowait(agent_pb2.ControlMessage(command=agent_pb2.Command(probe_links=probe)))
 
     async def cancel(self, job_id: str) -> Job:
         if job_id in self.pending:
@@ -841,7 +903,9 @@ class ControlPlane:
 
     async def _reconcile(self, job: RunningJob, forced: tuple[str, asyncio.Future] | None) -> None:
         rates = job.detector.rates()
-        observation = Observation(rates, tuple(job.detector.slow_links(rates)), forced=forced[0] if forced else "")
+        observation = Observation(
+            rates, tuple(job.detector.slow_links(rates)), forced=forced[0] if forced else "", links=dict(job.links)
+        )
         state = job.state(self.detection_paused)
         generation = job.generation
         actions = coordinator.decide(state, observation, self.settings)
@@ -859,17 +923,20 @@ class ControlPlane:
             elif isinstance(action, coordinator.AnnounceStraggler):
                 job.announced.add((action.device, action.rate))
                 await self._event(job, "straggler_detected", {"device": action.device, "rate": action.rate})
-            elif isinstance(action, coordinator.AnnounceSlowLink):  # acted on in a later issue
+            elif isinstance(action, coordinator.AnnounceSlowLink):  # measured: a slow link replans
                 job.announced.add((action.device, "link"))
                 await self._event(job, "slow_link_suspected", {"device": action.device})
+                self._soon(self._probe_links(job, [action.device.split("/")[0]]), f"probe {action.device}'s links")
             elif isinstance(action, coordinator.PushPlan):
                 if job.ending:
                     break  # no new plan for a job that is ending
                 version = await self._push(job, action.plan, action.rates, action.reason)
+                job.planned_links.update(action.links)
                 if forced is not None and not forced[1].done():
                     forced[1].set_result(version)
             elif isinstance(action, coordinator.SkipPlan):
                 job.planned_rates = dict(action.rates)  # settled: do not reconsider until rates move again
+                job.planned_links.update(action.links)
                 await self._event(job, "replan_skipped", {"reason": action.reason, **action.details})
         if forced is not None and not forced[1].done():  # a commit came first: ask again next round
             job.forced.insert(0, forced)
@@ -879,9 +946,11 @@ class ControlPlane:
         nodes = await self.store.query(
             lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
         )
-        return await self._off_loop(
+        links = dict(job.links)  # what the cluster below is made with (the NICs' measured Gbps)
+        proposal = await self._off_loop(
             planning.propose, planning.cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s
         )
+        return replace(proposal, links=links)
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)

@@ -34,6 +34,7 @@ class JobState:
     planned_rates: Mapping[str, float] = field(default_factory=dict)  # what the current plan assumed
     announced: frozenset = frozenset()  # (device, rate) and (device, "link") already announced
     detection_paused: bool = False
+    planned_links: Mapping[str, float] = field(default_factory=dict)  # "node:nic" -> Gbps the plan assumed
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class Proposal:
     current_step_s: float  # the running plan's step time at these rates
     proposed_step_s: float
     migration_s: float  # predicted cost of switching to it
+    links: Mapping[str, float] = field(default_factory=dict)  # the NICs' bandwidths it was planned with
 
 
 @dataclass(frozen=True)
 class Observation:
     rates: Mapping[str, float]  # the detector's rates now (devices with a full window)
     slow_links: tuple[str, ...] = ()
+    links: Mapping[str, float] = field(default_factory=dict)  # "node:nic" -> measured Gbps now
     forced: str = ""  # a replan asked for by request, with its reason
     proposal: Proposal | None = None
 
@@ -84,6 +87,7 @@ class PushPlan:
     plan: Any
     rates: Mapping[str, float]
     reason: str
+    links: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,12 @@ class SkipPlan:
     rates: Mapping[str, float]
     reason: str
     details: Mapping[str, Any] = field(default_factory=dict)
+    links: Mapping[str, float] = field(default_factory=dict)
+
+
+def links_moved(planned: Mapping[str, float], current: Mapping[str, float], delta: float) -> dict[str, float]:
+    """NICs whose measured bandwidth moved by the fraction `delta` or more from what the plan assumed."""
+    return {k: g for k, g in current.items() if k in planned and abs(g - planned[k]) >= delta * planned[k]}
 
 
 def moved(planned: Mapping[str, float], current: Mapping[str, float], delta: float) -> dict[str, float]:
@@ -116,7 +126,7 @@ def decide(state: JobState, observation: Observation, settings: DetectorSettings
         return []  # let the new plan run before judging it
     actions: list = [AnnounceSlowLink(d) for d in observation.slow_links if (d, "link") not in state.announced]
     changed = moved(state.planned_rates, observation.rates, settings.replan_delta)
-    if not changed:
+    if not changed and not links_moved(state.planned_links, observation.links, settings.link_delta):
         return actions
     actions += [
         AnnounceStraggler(d, r) for d, r in sorted(changed.items()) if r > 1.0 and (d, r) not in state.announced
@@ -129,12 +139,18 @@ def decide(state: JobState, observation: Observation, settings: DetectorSettings
 def _judge(state: JobState, observation: Observation, settings: DetectorSettings):
     p = observation.proposal
     if observation.forced:
-        return PushPlan(p.plan, p.rates, observation.forced)
+        return PushPlan(p.plan, p.rates, observation.forced, p.links)
     changed = moved(state.planned_rates, p.rates, settings.replan_delta)
+    links = links_moved(state.planned_links, p.links, settings.link_delta)
+    shown = {k: round(g, 4) for k, g in links.items()}
+    what = f"rates {changed}" + (f" and links {shown} Gbps" if links else "")
+    reasons = [f"rates moved: {changed}"] if changed or not links else []
+    why = "; ".join(reasons + ([f"links measured: {shown} Gbps"] if links else []))
     remaining = max(0, state.steps - state.step - 1)
     per_step = p.current_step_s - p.proposed_step_s
     details = {
         "rates": changed,
+        "links": links,
         "current_step_s": p.current_step_s,
         "proposed_step_s": p.proposed_step_s,
         "gain_s": per_step * remaining,
@@ -144,21 +160,23 @@ def _judge(state: JobState, observation: Observation, settings: DetectorSettings
     if per_step < settings.min_gain * p.current_step_s:
         return SkipPlan(
             p.rates,
-            f"the best plan for rates {changed} predicts {p.proposed_step_s:.3g} s a step "
+            f"the best plan for {what} predicts {p.proposed_step_s:.3g} s a step "
             f"against {p.current_step_s:.3g} s now: less than the {settings.min_gain:.0%} "
             f"minimum gain",
             details,
+            p.links,
         )
     if per_step * remaining <= p.migration_s:
         return SkipPlan(
             p.rates,
-            f"a new plan for rates {changed} would save {per_step * remaining:.3g} s over "
+            f"a new plan for {what} would save {per_step * remaining:.3g} s over "
             f"the {remaining} steps left, not more than its {p.migration_s:.3g} s migration",
             details,
+            p.links,
         )
     return PushPlan(
         p.plan,
         p.rates,
-        f"rates moved: {changed}; predicted gain {per_step * remaining:.3g} s over "
-        f"{remaining} steps > migration {p.migration_s:.3g} s",
+        f"{why}; predicted gain {per_step * remaining:.3g} s over {remaining} steps > migration {p.migration_s:.3g} s",
+        p.links,
     )

@@ -52,6 +52,13 @@ class DetectorSettings:
     slow_link_factor: float = field(
         default=3.0, metadata={"help": "Point-to-point waits this many times the median mark a slow link."}
     )
+    link_delta: float = field(
+        default=0.2,
+        metadata={
+            "help": "A NIC's measured bandwidth must move this fraction from what the current plan assumed "
+            "to consider a new plan."
+        },
+    )
 
     def __post_init__(self):
         checks = [
@@ -66,6 +73,7 @@ class DetectorSettings:
             ("cooldown_steps", self.cooldown_steps >= 0, "an integer >= 0"),
             ("min_gain", 0 <= self.min_gain < 1, "a number in [0, 1)"),
             ("slow_link_factor", self.slow_link_factor > 1, "a number > 1"),
+            ("link_delta", 0 < self.link_delta < 1, "a number in (0, 1)"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -79,14 +87,17 @@ class Detector:
     def __init__(self, settings: DetectorSettings = DetectorSettings()):
         self.settings = settings
         self._by_step: dict[int, dict[str, float]] = defaultdict(dict)  # step -> device -> compute
-        self._steps: dict[str, deque] = {}  # device -> its last (step, p2p wait) samples
+        self._steps: dict[str, deque] = {}  # device -> its last (step, p2p wait, gradient sync) samples
         self._slow: set[str] = set()  # devices judged slow (the hysteresis state)
+        self._baseline: dict[str, float] = {}  # device -> its lowest windowed communication time in this plan
 
-    def observe(self, device: str, step: int, compute_s_per_block: float, p2p_wait_s: float) -> None:
+    def observe(
+        self, device: str, step: int, compute_s_per_block: float, p2p_wait_s: float, grad_sync_s: float = 0.0
+    ) -> None:
         steps = self._steps.setdefault(device, deque(maxlen=self.settings.window))
         if steps and step <= steps[-1][0]:
             return  # a resent sample after a reconnect
-        steps.append((step, p2p_wait_s))
+        steps.append((step, p2p_wait_s, grad_sync_s))
         self._by_step[step][device] = compute_s_per_block
         for old in [s for s in self._by_step if s < step - 4 * self.settings.window]:
             del self._by_step[old]  # bounded even when a device falls silent
@@ -95,6 +106,7 @@ class Detector:
         """Drop a device's window: it has no work in the plan, so nothing to judge."""
         self._steps.pop(device, None)
         self._slow.discard(device)
+        self._baseline.pop(device, None)
 
     def discard_before(self, step: int) -> None:
         """Judge only steps from `step` on (a new plan changes every device's work); the
@@ -103,6 +115,7 @@ class Detector:
             del self._by_step[old]
         for device, samples in self._steps.items():
             self._steps[device] = deque((s for s in samples if s[0] >= step), maxlen=self.settings.window)
+        self._baseline.clear()  # a new plan communicates differently
 
     def rates(self) -> dict[str, float]:
         """Straggling rate per device with a full window of compared steps; healthy ones are 1.0."""
@@ -113,7 +126,7 @@ class Detector:
         for device, steps in self._steps.items():
             ratios = [
                 self._by_step[s][device] / references[s] if references[s] > 0 else 1.0
-                for s, _ in steps
+                for s, *_ in steps
                 if s in references
             ]
             if len(ratios) < self.settings.window:
@@ -128,16 +141,23 @@ class Detector:
         return rates
 
     def slow_links(self, rates: dict[str, float]) -> list[str]:
-        """Devices whose point-to-point waits stand out while their compute does not (`rates`:
-        this detector's rates(), already computed)."""
-        waits = {
-            d: statistics.median(w for _, w in v) for d, v in self._steps.items() if len(v) == self.settings.window
-        }
-        if len(waits) < 2:
-            return []
-        median = statistics.median(waits.values())
+        """Devices whose communication stands out while their compute does not (`rates`: this
+        detector's rates(), already computed): point-to-point waits far above the job's median,
+        or waits and gradient syncs together far above the device's own best under this plan
+        (a link that became slow)."""
+        full = {d: v for d, v in self._steps.items() if len(v) == self.settings.window}
+        factor = self.settings.slow_link_factor
+        risen = set()
+        for d, v in full.items():
+            comm = statistics.median(p + g for _, p, g in v)
+            best = self._baseline.setdefault(d, comm)
+            if best > 0 and comm > factor * best:
+                risen.add(d)
+            self._baseline[d] = min(best, comm)
+        waits = {d: statistics.median(w for _, w, _ in v) for d, v in full.items()}
+        median = statistics.median(waits.values()) if len(waits) >= 2 else 0.0
         return sorted(
             d
             for d, w in waits.items()
-            if median > 0 and w > self.settings.slow_link_factor * median and rates.get(d, 1.0) == 1.0
+            if ((median > 0 and w > factor * median) or d in risen) and rates.get(d, 1.0) == 1.0
         )

@@ -24,13 +24,19 @@ def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, 
     )
 
 
+def _gbps(nic) -> float:
+    """What a NIC does: measured by link probes where it has been, else its nominal speed."""
+    return getattr(nic, "measured_gbps", 0.0) or nic.gbps
+
+
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
-    """The planner's view of agents' nodes: devices as GPUs, NICs as links."""
+    """The planner's view of agents' nodes: devices as GPUs, NICs as links (measured ones at
+    the bandwidth measured)."""
     out = []
     for name, devices, nics in nodes:
         first = devices[0]
-        rdma = tuple(Nic(n.type, n.gbps or 100.0) for n in nics if n.type in ("infiniband", "roce"))
-        ethernet = max([n.gbps for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
+        rdma = tuple(Nic(n.type, _gbps(n) or 100.0) for n in nics if n.type in ("infiniband", "roce"))
+        ethernet = max([_gbps(n) for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
         # CPU workers talk through gloo over loopback, which is latency-bound: the cost model has
         # no latency term, so CPU links get a low bandwidth (0.3 Gbps in a node, 1 Gbps between
         # nodes), chosen so the planner, like a measurement here, finds TP not worth it on CPU.

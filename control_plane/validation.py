@@ -5,6 +5,7 @@ message to sizes and ranges; the other checks are about meaning."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections import Counter
 from pathlib import PurePosixPath
@@ -119,7 +120,15 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
     for d in devices:
         if not d["id"].startswith(hello.node + "/"):
             raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
-    nics = [{"name": n.name, "type": n.type, "gbps": n.gbps} for n in hello.nics]
+    nics = [{"name": n.name, "type": n.type, "gbps": n.gbps, "address": n.address} for n in hello.nics]
+    for n in nics:
+        if n["address"]:
+            try:
+                ipaddress.ip_address(n["address"])
+            except ValueError:
+                raise InvalidArgument(f"hello.nics.address = {n['address'][:80]!r}: an IP address, or empty") from None
+    if hello.probe_port > 65535:
+        raise InvalidArgument(f"hello.probe_port = {hello.probe_port}: a TCP port (1 to 65535), or 0 for none")
     for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):
         repeated = sorted(name for name, count in Counter(names).items() if count > 1)
         if repeated:

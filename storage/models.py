@@ -17,6 +17,7 @@ class Node(Base):
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
     last_seen: Mapped[float] = mapped_column(Float, default=0.0)
     agent_version: Mapped[str] = mapped_column(String, default="")
+    probe_port: Mapped[int] = mapped_column(Integer, default=0)  # where its agent answers link probes; 0: none
 
 
 class Device(Base):
@@ -35,7 +36,20 @@ class Nic(Base):
     node: Mapped[str] = mapped_column(ForeignKey("nodes.name"), primary_key=True)
     name: Mapped[str] = mapped_column(String, primary_key=True)
     type: Mapped[str] = mapped_column(String)
-    gbps: Mapped[float] = mapped_column(Float, default=0.0)
+    gbps: Mapped[float] = mapped_column(Float, default=0.0)  # nominal, as the agent reports it
+    address: Mapped[str] = mapped_column(String, default="")
+    measured_gbps: Mapped[float] = mapped_column(Float, default=0.0)  # from link probes (Link); 0: none yet
+
+
+class Link(Base):
+    """The newest probe from a node's NIC to a peer (over the network that NIC is on)."""
+
+    __tablename__ = "links"
+    node: Mapped[str] = mapped_column(String, primary_key=True)
+    nic: Mapped[str] = mapped_column(String, primary_key=True)
+    peer: Mapped[str] = mapped_column(String, primary_key=True)
+    gbps: Mapped[float] = mapped_column(Float)
+    time: Mapped[float] = mapped_column(Float)
 
 
 class Job(Base):

@@ -4,12 +4,13 @@ SQLAlchemy. Writers run them through Store.write so each is one transaction."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from .models import Device, Event, Job, JobProgress, Nic, Node, Plan, TelemetrySample
+from .models import Device, Event, Job, JobProgress, Link, Nic, Node, Plan, TelemetrySample
 
 
 class NotFound(LookupError):
@@ -20,19 +21,59 @@ class NotFound(LookupError):
         super().__init__(f"unknown {kind} {value!r}")
 
 
-def upsert_node(session: Session, name: str, devices: list[dict], nics: list[dict], agent_version: str) -> Node:
+def upsert_node(
+    session: Session, name: str, devices: list[dict], nics: list[dict], agent_version: str, probe_port: int = 0
+) -> Node:
     """The node as its agent describes it now: devices and NICs it no longer reports are gone.
     Replaced in two bulk statements per table, not a lookup per row: a thousand agents
     reconnecting after a control-plane restart register in seconds."""
     node = session.get(Node, name) or Node(name=name)
     node.connected, node.last_seen, node.agent_version = True, time.time(), agent_version
+    node.probe_port = probe_port
     session.add(node)
     session.flush()
     for model, rows in ((Device, devices), (Nic, nics)):
         session.execute(delete(model).where(model.node == name))
         if rows:
             session.execute(insert(model), [{"node": name, **row} for row in rows])
+    for nic in nics:  # measured before it reconnected: still what its links do
+        _refresh_measured(session, name, nic["name"])
     return node
+
+
+def record_links(session: Session, node: str, samples: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Keep each probe's newest result and refresh the measured bandwidth of the NICs at both
+    ends: the median over that NIC's links (a slow interface is slow to and from its node).
+    Returns {(node, nic): (before, after)} for the NICs whose measure changed."""
+    touched = set()
+    for s in samples:
+        session.merge(Link(node=node, nic=s["nic"], peer=s["peer"], gbps=s["gbps"], time=s["time"]))
+        touched |= {(node, s["nic"]), (s["peer"], s["nic"])}
+    session.flush()
+    changed = {}
+    for owner, nic_name in touched:
+        before_after = _refresh_measured(session, owner, nic_name)
+        if before_after is not None:
+            changed[(owner, nic_name)] = before_after
+    return changed
+
+
+def _refresh_measured(session: Session, owner: str, nic_name: str) -> tuple[float, float] | None:
+    nic = session.get(Nic, (owner, nic_name))
+    if nic is None:
+        return None
+    rows = session.scalars(
+        select(Link.gbps).where(Link.nic == nic_name, (Link.node == owner) | (Link.peer == owner), Link.gbps > 0)
+    ).all()
+    measured = statistics.median(rows) if rows else 0.0
+    if measured == nic.measured_gbps:
+        return None
+    before, nic.measured_gbps = nic.measured_gbps, measured
+    return before, measured
+
+
+def links_of(session: Session, node: str) -> list[Link]:
+    return list(session.scalars(select(Link).where(Link.node == node).order_by(Link.nic, Link.peer)))
 
 
 def set_connected(session: Session, name: str, connected: bool) -> None:

@@ -49,8 +49,11 @@ def cpu_device(device_id: str) -> agent_pb2.Device:
 class ScriptedAgent:
     """An agent stream driven by the test: what it sends, and what comes back."""
 
-    def __init__(self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2, jobs=()):
-        """`jobs`: the JobStatus of jobs the agent says it runs (after a reconnect)."""
+    def __init__(
+        self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0
+    ):
+        """`jobs`: the JobStatus of jobs the agent says it runs (after a reconnect); `nics` and
+        `probe_port`: what it says it has for link probes."""
         self.node = node
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.outbox.put_nowait(
@@ -60,6 +63,8 @@ class ScriptedAgent:
                     agent_version="test",
                     devices=[cpu_device(f"{node}/{i}") for i in range(devices)],
                     jobs=list(jobs),
+                    nics=list(nics),
+                    probe_port=probe_port,
                 )
             )
         )
@@ -101,8 +106,8 @@ class Plane:
     tmp: Path
     port: int
 
-    def agent(self, node: str, devices: int = 2, jobs=()) -> ScriptedAgent:
-        return ScriptedAgent(self.agents, node, devices, jobs)
+    def agent(self, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0) -> ScriptedAgent:
+        return ScriptedAgent(self.agents, node, devices, jobs, nics, probe_port)
 
     async def connected(self, count: int) -> None:
         async def enough():

@@ -84,6 +84,24 @@ def proposal(current=1.0, proposed=0.6, migration=2.0, rates=SLOW):
             [],
         ),
         (
+            "a link measured 4x slower than planned: ask for a plan",
+            replace(STEADY, planned_links={"n0:ib": 200.0, "n1:ib": 200.0}),
+            Observation(HEALTHY, links={"n0:ib": 50.0, "n1:ib": 190.0}),
+            [ProposePlan(HEALTHY)],
+        ),
+        (
+            "a link within link_delta of the plan is no move",
+            replace(STEADY, planned_links={"n0:ib": 200.0}),
+            Observation(HEALTHY, links={"n0:ib": 170.0}),
+            [],
+        ),
+        (
+            "a link the plan knew nothing of is not a move",
+            STEADY,
+            Observation(HEALTHY, links={"n9:eth": 1.0}),
+            [],
+        ),
+        (
             "forced: plan for what is measured, even mid-rollout",
             replace(STEADY, version=2, node_versions={"n0": 1}),
             Observation(SLOW, forced="operator"),
@@ -128,3 +146,15 @@ def test_a_job_takes_whole_nodes_within_its_device_budget():
     nodes = [("a", [1] * 8, []), ("b", [1] * 8, []), ("c", [1] * 8, [])]
     assert [n for n, _, _ in _within(16, nodes)] == ["a", "b"]
     assert [n for n, _, _ in _within(15, nodes)] == ["a"]
+
+
+def test_a_slow_link_is_judged_by_the_same_gain_rule():
+    state = replace(STEADY, planned_links={"n0:ib": 200.0})
+    offer = replace(proposal(rates=HEALTHY), links={"n0:ib": 50.0})
+    [action] = decide(state, Observation(HEALTHY, links={"n0:ib": 50.0}, proposal=offer), SETTINGS)
+    assert isinstance(action, PushPlan) and action.links == {"n0:ib": 50.0}
+    assert "links measured: {'n0:ib': 50.0} Gbps" in action.reason and "rates moved" not in action.reason
+    costly = replace(offer, migration_s=100.0)
+    [action] = decide(state, Observation(HEALTHY, links={"n0:ib": 50.0}, proposal=costly), SETTINGS)
+    assert isinstance(action, SkipPlan) and "links {'n0:ib': 50.0} Gbps" in action.reason
+    assert action.details["links"] == {"n0:ib": 50.0} and action.links == {"n0:ib": 50.0}

@@ -105,3 +105,24 @@ def test_history_stays_bounded_when_a_device_falls_silent():
 def test_bad_settings_are_named(field, value):
     with pytest.raises(ValueError, match=f"{field} = {value}"):
         DetectorSettings(**{field: value})
+
+
+def test_a_link_that_becomes_slow_shows_in_its_own_gradient_syncs():
+    """Both ends of a data-parallel link slow alike, so neither stands out from the job's median;
+    each stands out from its own best under the plan."""
+    detector = Detector(DetectorSettings(window=4))
+    for step in range(12):
+        sync = 0.05 if step < 6 else 0.5  # the link is shaped 10x slower from step 6
+        for device in ("ib-0/0", "ib-1/0"):
+            detector.observe(device, step, 1.0, 0.01, sync)
+        for device in ("roce-0/0", "roce-1/0"):
+            detector.observe(device, step, 1.0, 0.01, 0.05)
+        flagged = detector.slow_links(detector.rates())
+        if step < 7:
+            assert flagged == [], step  # until half its window is slow (one slow step is noise)
+    assert flagged == ["ib-0/0", "ib-1/0"]
+    detector.discard_before(12)  # a new plan: its own baseline
+    for step in range(12, 16):
+        for device in ("ib-0/0", "ib-1/0", "roce-0/0", "roce-1/0"):
+            detector.observe(device, step, 1.0, 0.01, 0.5)
+    assert detector.slow_links(detector.rates()) == []

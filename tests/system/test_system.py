@@ -219,14 +219,14 @@ def ip_netns() -> list[str]:
 
 def test_drover_up_trains_the_users_own_model_through_a_switch(tmp_path):
     """family custom end to end: the CLI counts the example's parts, the local agents are
-    allowed its module and import it, a straggler makes a new plan, and the model is the
-    single-process one."""
+    allowed its module and import it, a straggler (paced, so measured the same on any
+    machine) makes a new plan, and the model is the single-process one."""
     job = tmp_path / "job.yaml"
     text = (ROOT / "examples" / "jobs" / "parallel-decoder.yaml").read_text()
     text = text.replace("model: ../models/", f"model: {ROOT}/examples/models/")
     job.write_text(text.replace("steps: 40", "steps: 24"))
     out = tmp_path / "out"
-    drover_up(job, out, "--straggle", "node-1/0=4@3")
+    drover_up(job, out, "--cluster", str(ROOT / "examples" / "clusters" / "paced-2x2.yaml"))  # node-1/0 3x slow
     assert any(e["kind"] == "plan_committed" and e["plan_version"] > 1 for e in events_of(out))
     assert_equals_reference(out, job, tmp_path)
 

@@ -31,18 +31,20 @@ class ControlMessage(_message.Message):
     def __init__(self, start_job: _Optional[_Union[StartJob, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "devices", "nics", "agent_version", "jobs")
+    __slots__ = ("node", "devices", "nics", "agent_version", "jobs", "probe_port")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     node: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nics: _containers.RepeatedCompositeFieldContainer[Nic]
     agent_version: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
-    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+    probe_port: int
+    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("id", "kind", "name", "memory_gib", "tflops", "intra_gbps")
@@ -61,17 +63,19 @@ class Device(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_gib: _Optional[float] = ..., tflops: _Optional[float] = ..., intra_gbps: _Optional[float] = ...) -> None: ...
 
 class Nic(_message.Message):
-    __slots__ = ("name", "type", "gbps")
+    __slots__ = ("name", "type", "gbps", "address")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     GBPS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     gbps: float
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ...) -> None: ...
+    address: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices", "lost_devices")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices", "lost_devices", "links")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +85,7 @@ class Telemetry(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     STALLED_DEVICES_FIELD_NUMBER: _ClassVar[int]
     LOST_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
@@ -90,7 +95,8 @@ class Telemetry(_message.Message):
     progress: _state_pb2.Progress
     stalled_devices: _containers.RepeatedScalarFieldContainer[str]
     lost_devices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ..., lost_devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkSample]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ..., lost_devices: _Optional[_Iterable[str]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ...) -> None: ...
 
 class Migration(_message.Message):
     __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds", "recovered_from", "steps_redone")
@@ -230,14 +236,50 @@ class PlanUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("straggle", "cancel", "stop_workers")
+    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links")
     STRAGGLE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LINKS_FIELD_NUMBER: _ClassVar[int]
     straggle: Straggle
     cancel: CancelJob
     stop_workers: StopWorkers
-    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ...) -> None: ...
+    probe_links: ProbeLinks
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ...) -> None: ...
+
+class ProbeLinks(_message.Message):
+    __slots__ = ("job_id", "targets")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    targets: _containers.RepeatedCompositeFieldContainer[LinkTarget]
+    def __init__(self, job_id: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[LinkTarget, _Mapping]]] = ...) -> None: ...
+
+class LinkTarget(_message.Message):
+    __slots__ = ("nic", "peer", "address", "port", "bytes")
+    NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    nic: str
+    peer: str
+    address: str
+    port: int
+    bytes: int
+    def __init__(self, nic: _Optional[str] = ..., peer: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class LinkSample(_message.Message):
+    __slots__ = ("nic", "peer", "gbps", "time")
+    NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    GBPS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    nic: str
+    peer: str
+    gbps: float
+    time: float
+    def __init__(self, nic: _Optional[str] = ..., peer: _Optional[str] = ..., gbps: _Optional[float] = ..., time: _Optional[float] = ...) -> None: ...
 
 class StopWorkers(_message.Message):
     __slots__ = ("job_id", "devices")

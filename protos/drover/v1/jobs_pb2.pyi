@@ -161,20 +161,34 @@ class NodeRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "connected", "drained", "devices", "nics", "last_seen")
+    __slots__ = ("name", "connected", "drained", "devices", "nics", "last_seen", "links")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     connected: bool
     drained: bool
     devices: _containers.RepeatedScalarFieldContainer[str]
     nics: _containers.RepeatedScalarFieldContainer[str]
     last_seen: float
-    def __init__(self, name: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., devices: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[str]] = ..., last_seen: _Optional[float] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[Link]
+    def __init__(self, name: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., devices: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[str]] = ..., last_seen: _Optional[float] = ..., links: _Optional[_Iterable[_Union[Link, _Mapping]]] = ...) -> None: ...
+
+class Link(_message.Message):
+    __slots__ = ("nic", "peer", "gbps", "time")
+    NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    GBPS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    nic: str
+    peer: str
+    gbps: float
+    time: float
+    def __init__(self, nic: _Optional[str] = ..., peer: _Optional[str] = ..., gbps: _Optional[float] = ..., time: _Optional[float] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
