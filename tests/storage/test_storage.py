@@ -165,3 +165,23 @@ def test_a_second_store_on_one_database_is_refused(tmp_path):
         Store(sqlite_url(str(tmp_path / "drover.db")))
     first.close()
     Store(sqlite_url(str(tmp_path / "drover.db"))).close()
+
+
+def test_a_nics_measured_bandwidth_is_the_median_of_its_links_and_outlives_a_reconnect(store):
+    ib = [{"name": "ib", "type": "infiniband", "gbps": 200.0}]
+    for node in ("a", "b", "c"):
+        store.write_sync(lambda s, n=node: queries.upsert_node(s, n, [], ib, "t", probe_port=7000))
+    samples = [
+        {"nic": "ib", "peer": "b", "gbps": 50.0, "time": 1.0},
+        {"nic": "ib", "peer": "c", "gbps": 190.0, "time": 1.0},
+    ]
+    changed = store.write_sync(lambda s: queries.record_links(s, "a", samples))
+    # a's links: 50 and 190 (median 120); b's and c's: their one link each, probed from a.
+    assert changed == {("a", "ib"): (0.0, 120.0), ("b", "ib"): (0.0, 50.0), ("c", "ib"): (0.0, 190.0)}
+    again = [{"nic": "ib", "peer": "b", "gbps": 60.0, "time": 2.0}]  # newer probe of the same link replaces it
+    store.write_sync(lambda s: queries.record_links(s, "a", again))
+    store.write_sync(lambda s: queries.upsert_node(s, "b", [], ib, "t", probe_port=7001))  # b reconnects
+    measured = {n: store.read(lambda s, n=n: queries.nics_of(s, n))[0].measured_gbps for n in ("a", "b", "c")}
+    assert measured == {"a": 125.0, "b": 60.0, "c": 190.0}
+    assert [(k.peer, k.gbps) for k in store.read(lambda s: queries.links_of(s, "a"))] == [("b", 60.0), ("c", 190.0)]
+    assert store.read(lambda s: queries.get_node(s, "b")).probe_port == 7001
