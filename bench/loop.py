@@ -1,5 +1,8 @@
 """The closed loop, measured: `drover up` with a 3x straggler on one of 4
-devices (or of 2, with --devices-per-node 1). Reports the steps and seconds
+paced devices (examples/clusters/paced-2x2.yaml without its rates: timings
+follow the emulated GPUs, and samples/s are reported next to the cost
+model's prediction for the same plans), or of 4 or 2 plain CPU devices
+(--unpaced, --devices-per-node 1). Reports the steps and seconds
 from the slowdown to detection and to the committed plan, samples/s before,
 while slow and after (or, when no plan followed the slowdown, why); false
 alarms: the plans pushed and stragglers detected in a healthy `drover up`
@@ -9,7 +12,7 @@ control plane and agents running against windows with them frozen, side by
 side. Prints JSON.
 
     python bench/loop.py [--model FILE] [--steps 40] [--slow-at 12] [--healthy-steps 300]
-                         [--devices-per-node 2]
+                         [--unpaced] [--devices-per-node 2]
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from drover.cli.local_cluster import DROVER
 from drover.cli.up import no_new_plan_reason
+from drover.planner import evaluate, load_cluster, load_model, plan_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,17 +219,28 @@ def write_job(tmp: Path, name: str, model: str, steps: int) -> Path:
     return job
 
 
+PACED = ROOT / "examples" / "clusters" / "paced-2x2.yaml"
+CLUSTER: Path | None = None  # the paced cluster file drover up emulates (main sets it); None: CPU devices
+
+
+def paced_cluster(tmp: Path) -> Path:
+    """paced-2x2 without its slow device: the straggler comes mid-run, as --straggle."""
+    data = yaml.safe_load(PACED.read_text())
+    data.pop("rates", None)
+    path = tmp / "paced.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def run_up(tmp: Path, name: str, model: str, steps: int, devices_per_node: int, straggle: str | None = None) -> Path:
     """One `drover up` on 2 nodes with the default settings, to the end; its output folder."""
     out = tmp / name
+    shape = ["--cluster", str(CLUSTER)] if CLUSTER else ["--nodes", "2", "--devices-per-node", str(devices_per_node)]
     subprocess.run(
         DROVER
         + [
             "up",
-            "--nodes",
-            "2",
-            "--devices-per-node",
-            str(devices_per_node),
+            *shape,
             "--job",
             str(write_job(tmp, name, model, steps)),
             "--out",
@@ -265,13 +282,28 @@ def straggler_run(tmp: Path, model: str, steps: int, slow_at: int, devices_per_n
         }
     while_slow = median_rate(trace, slow_at, committed["step"])
     after = median_rate(trace, committed["step"] + 1, steps)
-    return {
+    measured = {"before": before, "while_slow": while_slow, "after": after}
+    result = {
         **figures,
-        "samples_per_s": {"before": before, "while_slow": while_slow, "after": after},
+        "samples_per_s": measured,
         "after_over_while": after / while_slow,
         "target_after_over_while_at_least": 1.4,
         "migrations": read(out / "migrations.jsonl"),
     }
+    if CLUSTER:  # the cost model's figures for the plans that ran, on the cluster they ran on
+        cluster, spec = load_cluster(CLUSTER), load_model(model)
+        first = next(e["plan"] for e in events if e["kind"] == "plan_committed" and e["plan_version"] == 1)
+        first, adapted = plan_from_dict(first), plan_from_dict(committed["plan"])
+        slow = cluster.with_rates({"node-1/0": 3.0})
+        predicted = {
+            "before": evaluate(first, cluster, spec).samples_per_s,
+            "while_slow": evaluate(first, slow, spec).samples_per_s,
+            "after": evaluate(adapted, slow, spec).samples_per_s,
+        }
+        result["predicted_samples_per_s"] = predicted
+        result["measured_over_predicted"] = {k: measured[k] / predicted[k] for k in measured}
+        result["target_measured_over_predicted_within"] = 0.10
+    return result
 
 
 def false_alarms(tmp: Path, model: str, steps: int, devices_per_node: int) -> dict:
@@ -293,7 +325,7 @@ def false_alarms(tmp: Path, model: str, steps: int, devices_per_node: int) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(ROOT / "examples" / "models" / "small.yaml"))
+    parser.add_argument("--model", help="default: tiny.yaml paced (a small part of the paced time), small.yaml unpaced")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow-at", type=int, default=12)
     parser.add_argument(
@@ -310,11 +342,15 @@ def main() -> None:
         "--devices-per-node",
         type=int,
         default=2,
-        help="2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine",
+        help="with --unpaced: 2 (4 devices, the issue's case); 1 gives each worker a core of a 2-core machine",
     )
+    parser.add_argument("--unpaced", action="store_true", help="plain CPU devices instead of paced ones")
     args = parser.parse_args()
+    global CLUSTER
+    args.model = args.model or str(ROOT / "examples" / "models" / ("small.yaml" if args.unpaced else "tiny.yaml"))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        CLUSTER = None if args.unpaced else paced_cluster(tmp)
         straggler = straggler_run(tmp, args.model, args.steps, args.slow_at, args.devices_per_node)
         healthy = false_alarms(tmp, args.model, args.healthy_steps, args.devices_per_node)
         overhead = telemetry_overhead(
@@ -323,7 +359,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "devices": 2 * args.devices_per_node,
+                "devices": 2 * args.devices_per_node if args.unpaced else "4 paced (examples/clusters/paced-2x2.yaml)",
                 "cores": os.cpu_count(),
                 "model": Path(args.model).stem,
                 "straggler": "node-1/0",
