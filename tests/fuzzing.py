@@ -56,6 +56,10 @@ def _scalar(field: FieldDescriptor, known: list[str]) -> st.SearchStrategy:
         return st.one_of(st.sampled_from(FLOAT_EDGES), st.floats(allow_nan=True, allow_infinity=True))
     if t == FieldDescriptor.TYPE_ENUM:
         return st.one_of(st.sampled_from([v.number for v in field.enum_type.values]), st.integers(0, 2**31 - 1))
+    unsigned32 = (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32)
+    if t in (*unsigned32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
+        top = 2**32 - 1 if t in unsigned32 else 2**64 - 1
+        return st.one_of(st.sampled_from([0, 1, top]), st.integers(0, top))  # unsigned: the wire has no -1
     bits = 32 if t in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SFIXED32) else 64
     edges = [e for e in INT_EDGES if -(2 ** (bits - 1)) <= e < 2 ** (bits - 1)]
     return st.one_of(st.sampled_from(edges), st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1))
