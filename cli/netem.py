@@ -138,8 +138,10 @@ class NetworkEmulation:
         k = next(k for k, w in enumerate(self.networks, 1) if w.name == network_name)
         delay = self.networks[k - 1].delay_ms
         i = self.cluster.node_index[node] + 1
-        shape(self.namespace(node), network_name, gbps, delay, "change")
-        shape(self.hub, f"n{i}x{k}", gbps, delay, "change")
+        # replace, not change: a tbf changed while it holds packets can stop dequeuing for good
+        # (seen here: every worker stuck in a recv); a new one drops them and TCP resends.
+        shape(self.namespace(node), network_name, gbps, delay, "replace")
+        shape(self.hub, f"n{i}x{k}", gbps, delay, "replace")
 
     def remove(self) -> None:
         """Delete what this run made (a namespace takes its veths and qdiscs with it)."""
@@ -153,11 +155,11 @@ class NetworkEmulation:
 
 def shape(namespace: str, device: str, gbps: float, delay_ms: float, verb: str = "add") -> None:
     """Egress of `device` at `gbps` (a token bucket), after `delay_ms` (netem) if asked;
-    verb "change": a new rate for the bucket already there."""
+    verb "replace": a new bucket in place of the one there."""
     rate_kbit = max(int(gbps * 1e6), 8)
     burst = max(int(gbps * 1e9 / 8 / 100), 16 * 1024)  # 10 ms at the rate, at least a few packets
     parent = ["root", "handle", "2:"]
-    if delay_ms and verb == "change":
+    if delay_ms and verb == "replace":
         parent = ["parent", "1:", "handle", "2:"]
     elif delay_ms:
         try:

@@ -121,6 +121,19 @@ def sync_groups(plan: Plan, ranks: dict[str, int], layers: int) -> list[SyncGrou
     return out
 
 
+def p2p_pairs(plan: Plan, ranks: dict[str, int]) -> list[tuple[int, int]]:
+    """The pairs of ranks that exchange activations and their gradients between neighbouring
+    stages (schedule.py: member j of a stage receives from member j mod t of the one before,
+    and the reverse for gradients), sorted, each once."""
+    pairs = set()
+    for p in plan.pipelines:
+        for before, after in zip(p.stages, p.stages[1:]):
+            prev, nxt = [ranks[d] for d in before.devices], [ranks[d] for d in after.devices]
+            pairs |= {tuple(sorted((prev[j % len(prev)], dst))) for j, dst in enumerate(nxt)}
+            pairs |= {tuple(sorted((nxt[r % len(nxt)], dst))) for r, dst in enumerate(prev)}
+    return sorted(pairs)
+
+
 def tp_groups(plan: Plan, ranks: dict[str, int]) -> list[tuple[int, ...]]:
     return [tuple(ranks[d] for d in s.devices) for p in plan.pipelines for s in p.stages if len(s.devices) > 1]
 

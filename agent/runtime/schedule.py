@@ -70,6 +70,7 @@ def run_stage(
     bf16: bool = False,
     forward_only: bool = False,
     pace: float = 0.0,
+    p2p_groups: dict | None = None,
 ) -> Stats:
     """Forward and backward every micro-batch of the stage, leaving gradients in `parts`;
     `source.batch(step, first_sample, count)` gives the tokens.
@@ -79,6 +80,8 @@ def run_stage(
     pace: a paced device's FLOP/s (tflops x mfu of the GPU it emulates; 0: not
     paced). Each piece of work then takes its FLOPs / (pace / rate), the real
     computation padded by a sleep, so timings follow the emulated cluster.
+    p2p_groups: {(rank, rank): process group} for the sends between neighbouring
+    stages (made on the network the two share); other pairs use the default group.
     bf16: compute in bfloat16 under autocast (CUDA), parameters staying fp32.
     forward_only: evaluation, no gradients and no backward messages."""
     stats = Stats()
@@ -107,10 +110,15 @@ def run_stage(
         stats.tp_wait_s += tp_clock.seconds - waited
         return result
 
+    me = dist.get_rank()
+
+    def pair(peer):
+        return (p2p_groups or {}).get((min(me, peer), max(me, peer)))
+
     def recv(shape, src, tag):
         buf = torch.empty(shape, device=device)
         t0 = time.perf_counter()
-        dist.recv(buf, src, tag=tag)
+        dist.recv(buf, src, group=pair(src), tag=tag)
         stats.p2p_wait_s += time.perf_counter() - t0
         stats.bytes_recv[src] += buf.numel() * buf.element_size()
         return buf
@@ -121,7 +129,7 @@ def run_stage(
         tensor = tensor.contiguous()
         for j, dst in enumerate(group):
             if j % t == role.tp_rank:
-                sends.append((dist.isend(tensor, dst, tag=tag), tensor))
+                sends.append((dist.isend(tensor, dst, group=pair(dst), tag=tag), tensor))
                 stats.bytes_sent[dst] += tensor.numel() * tensor.element_size()
 
     def sender(group):  # who of a neighbouring TP group sends to this member

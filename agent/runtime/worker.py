@@ -127,6 +127,7 @@ class Worker:
             raise SpecError(self.spec.name, "precision", "bf16", "fp32 on CPU devices (bf16 runs on CUDA)")
         self.tp_clock = WaitClock()  # time in this worker's TP all-reduces
         self.network = network_layout()  # an emulated network's nodes and networks; {}: none
+        self.p2p_pgs: dict = {}  # (rank, rank) -> the group neighbouring stages send on (emulated networks)
         self.slow = args.slow
         self.received: dict[int, Plan] = {}  # version -> plan
         self.version, self.plan = 0, None
@@ -274,7 +275,7 @@ class Worker:
 
     def _leave_world(self) -> None:
         """Close every group, so that peers still waiting on this worker fail fast too."""
-        self.groups, self.tp_pg, self.sync_pgs = {}, None, []
+        self.groups, self.tp_pg, self.sync_pgs, self.p2p_pgs = {}, None, [], {}
         for module in self.parts.values():  # TP hooks hold their group
             if hasattr(module, "enter"):
                 module.enter, module.exit = torch.nn.Identity(), torch.nn.Identity()
@@ -343,6 +344,7 @@ class Worker:
                     self.bf16,
                     forward_only=True,
                     pace=self.args.pace,
+                    p2p_groups=self.p2p_pgs,
                 )
                 total += stats.loss
         loss = torch.tensor([total / batches], device=self.torch_device)
@@ -404,6 +406,7 @@ class Worker:
             self.slow,
             self.bf16,
             pace=self.args.pace,
+            p2p_groups=self.p2p_pgs,
         )
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)
@@ -497,7 +500,12 @@ class Worker:
     def _build_groups(self, plan: Plan) -> None:
         """Every worker creates every new group, in the same order, as torch.distributed
         requires; a group of ranks seen in an earlier plan is reused, never made twice."""
-        self.tp_pg, self.sync_pgs = None, []
+        self.tp_pg, self.sync_pgs, self.p2p_pgs = None, [], {}
+        if self.network:  # neighbouring stages talk on the network they share, not the default group's
+            for pair in layout.p2p_pairs(plan, self.ranks):
+                pg = self._group(pair)
+                if self.rank in pair:
+                    self.p2p_pgs[pair] = pg
         for ranks in layout.tp_groups(plan, self.ranks):
             pg = self._group(ranks)
             if self.rank in ranks:

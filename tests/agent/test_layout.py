@@ -79,3 +79,12 @@ def test_data_is_a_pure_function_of_seed_step_sample():
     assert not torch.equal(a, data.sample_tokens(1, 4, 10, 16, 128))
     inputs, targets = data.Synthetic(1, 16, 128).batch(4, 8, 3)
     assert torch.equal(inputs[1], a[:-1]) and torch.equal(targets[1], a[1:])
+
+
+def test_neighbouring_stages_exchange_with_the_pairs_the_schedule_uses():
+    """Stage k+1's member j receives from stage k's member j mod t, and sends gradients back to
+    member r of stage k from its own member r mod t': the pairs given their own groups."""
+    ranks = {f"local/{i}": i for i in range(8)}
+    plan = local_plan((8, [([0, 1], (0, 2)), ([2], (2, 3)), ([3, 4, 5, 6], (3, 4))]))
+    assert layout.p2p_pairs(plan, ranks) == [(0, 2), (1, 2), (2, 3), (2, 4), (2, 5), (2, 6)]
+    assert layout.p2p_pairs(local_plan((8, [([0, 1, 2, 3], (0, 4))])), ranks) == []  # one stage: none
