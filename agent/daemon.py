@@ -25,6 +25,8 @@ from . import discovery, probe
 from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
+MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane keeps as many)
+
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
 HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least this often
@@ -59,10 +61,12 @@ class Agent:
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         if emulate is not None:
             self.devices, self.nics = discovery.emulated(emulate, node)
-            self.nics = discovery.emulated_nics() or self.nics  # inside an emulated network: its interfaces
+            labelled = discovery.emulated_nics()  # inside an emulated network: its interfaces
+            # Without one, the file's NICs are names only: no address, so nothing probes them.
+            self.nics = discovery.with_addresses(labelled) if labelled else self.nics
         else:
-            self.devices, self.nics = discovery.devices(node, cpu_devices), discovery.nics()
-        self.nics = discovery.with_addresses(self.nics)
+            self.devices = discovery.devices(node, cpu_devices)
+            self.nics = discovery.with_addresses(discovery.nics())
         self.probe_port = 0  # the link-probe responder's, once it runs
         self._links: dict[str, list] = {}  # job -> LinkSamples measured, for its next telemetry
         self.work_dir = Path(work_dir)
@@ -294,7 +298,8 @@ class Agent:
             for m in workers.new_migrations()
         ]
         progress, stalled, lost = workers.new_progress(), workers.stalled(), workers.lost_devices()
-        links = self._links.pop(job_id, [])
+        links = self._links.get(job_id, [])[:MAX_LINKS_SENT]
+        self._links[job_id] = self._links.get(job_id, [])[MAX_LINKS_SENT:]
         now = time.time()
         news = samples or migrations or progress or stalled or lost or links
         if news or now - self._last_sent.get(job_id, 0.0) >= HEARTBEAT_S:

@@ -59,6 +59,7 @@ DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while othe
 MAX_JOB_DEVICES = 16_384
 PROBE_EVERY_S = 3.0  # a node's links are probed at most this often for a job
 PROBE_S = 0.2  # a probe sends about this long's worth of bytes at the NIC's nominal speed
+MAX_LINKS = 256  # link samples kept from one telemetry message
 REPLACED = object()  # put in a node's outbox when a newer stream of the node takes over
 
 
@@ -495,10 +496,15 @@ class ControlPlane:
         job.wake.set()
 
     async def _record_links(self, job: RunningJob, node: str, links) -> None:
-        for i, link in enumerate(links):
-            if link.peer not in job.nodes or link.peer == node:
-                raise InvalidArgument(f"telemetry.links[{i}].peer = {link.peer[:80]!r}: another node of {job.id}")
-        samples = [{"nic": k.nic[:64], "peer": k.peer, "gbps": k.gbps, "time": k.time} for k in links]
+        # A probe's result can arrive after its peer left the job (a recovery): dropped, like
+        # any sample that names no other node of the job, rather than ending the stream.
+        samples = [
+            {"nic": k.nic, "peer": k.peer, "gbps": k.gbps, "time": k.time}
+            for k in links[:MAX_LINKS]
+            if k.peer in job.nodes and k.peer != node
+        ]
+        if not samples:
+            return
         changed = await self.store.write(lambda s: queries.record_links(s, node, samples))
         for (owner, nic), (before, after) in sorted(changed.items()):
             job.links[f"{owner}:{nic}"] = after
@@ -654,6 +660,9 @@ class ControlPlane:
                         continue
                     if node not in self.outboxes:
                         return  # gone while planning
+                    if job.ending or job.committed != job.version:
+                        continue  # a plan was pushed while this one was made: offered again at its commit
+                    job.planned_links.update(planning.nic_gbps(nodes))
                     await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
                     return
 
@@ -663,6 +672,7 @@ class ControlPlane:
         """A new world for the job (after a loss, or to grow): its rendezvous at rank 0's node,
         the plan and ranks stored, the job updated; the Recover its members are sent."""
         master_addr = self.hosts.get(min(ranks, key=ranks.get).split("/")[0], "127.0.0.1")
+        job.generation += 1  # first: a reconcile round awaiting meanwhile sees the world change
         port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + len(job.id)) % 2000
 
         def store(session):
@@ -672,7 +682,6 @@ class ControlPlane:
 
         version = await self.store.write(store)
         job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, nodes
-        job.generation += 1
         return agent_pb2.Recover(
             job_id=job.id,
             generation=job.generation,
@@ -755,7 +764,7 @@ class ControlPlane:
         job = RunningJob(
             job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings), out_dir=out
         )
-        job.planned_links = {f"{n}:{nic.name}": nic.measured_gbps or nic.gbps for n, _, nics in nodes for nic in nics}
+        job.planned_links = planning.nic_gbps(nodes)
         self._track(job)
         start = agent_pb2.StartJob(
             job_id=job_id,
@@ -801,6 +810,8 @@ class ControlPlane:
 
         known = await self.store.query(members)
         for node in nodes:
+            if node not in known:
+                continue  # left the job (a recovery) while this round waited
             port, nics = known[node]
             targets = []
             for peer, (peer_port, peer_nics) in known.items():
@@ -969,6 +980,7 @@ class ControlPlane:
         # The plan has run since its switch (plan 1: since step 0); judge it on its own steps.
         job.committed = version
         job.committed_at = job.switched_at.get(version, 0 if version == 1 else job.step)
+        job.announced = {a for a in job.announced if a[1] != "link"}  # a new plan: links judged afresh
         job.detector.discard_before(job.committed_at)
         await self._event(
             job, "plan_committed", {"plan_version": version, "plan": job.plan.to_dict()}, step=job.committed_at

@@ -102,7 +102,8 @@ class SkipPlan:
 
 def links_moved(planned: Mapping[str, float], current: Mapping[str, float], delta: float) -> dict[str, float]:
     """NICs whose measured bandwidth moved by the fraction `delta` or more from what the plan assumed."""
-    return {k: g for k, g in current.items() if k in planned and abs(g - planned[k]) >= delta * planned[k]}
+    # A zero is a failed probe or a NIC of unknown speed: no figure to compare.
+    return {k: g for k, g in current.items() if g > 0 < planned.get(k, 0) and abs(g - planned[k]) >= delta * planned[k]}
 
 
 def moved(planned: Mapping[str, float], current: Mapping[str, float], delta: float) -> dict[str, float]:

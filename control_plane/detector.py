@@ -148,10 +148,19 @@ class Detector:
         full = {d: v for d, v in self._steps.items() if len(v) == self.settings.window}
         factor = self.settings.slow_link_factor
         risen = set()
+        # A device computing slowly, known or still being judged, makes its partners wait: no
+        # link to blame for their rise.
+        recent = [self._by_step[s] for s in sorted(self._by_step)[-self.settings.window :]]
+        straggling = any(r > 1.0 for r in rates.values()) or any(
+            c >= self.settings.healthy_below * statistics.median_low(peers.values())
+            for peers in recent
+            if len(peers) >= 2
+            for c in peers.values()
+        )
         for d, v in full.items():
             comm = statistics.median(p + g for _, p, g in v)
             best = self._baseline.setdefault(d, comm)
-            if best > 0 and comm > factor * best:
+            if best > 0 and comm > factor * best and not straggling:
                 risen.add(d)
             self._baseline[d] = min(best, comm)
         waits = {d: statistics.median(w for _, w, _ in v) for d, v in full.items()}

@@ -29,6 +29,11 @@ def _gbps(nic) -> float:
     return getattr(nic, "measured_gbps", 0.0) or nic.gbps
 
 
+def nic_gbps(nodes: list[tuple[str, list, list]]) -> dict[str, float]:
+    """What a plan made by cluster_of(nodes) assumes of each NIC ("node:nic" -> Gbps)."""
+    return {f"{name}:{nic.name}": _gbps(nic) for name, _, nics in nodes for nic in nics}
+
+
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
     """The planner's view of agents' nodes: devices as GPUs, NICs as links (measured ones at
     the bandwidth measured)."""

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import create_engine, delete, event, func, insert, select
+from sqlalchemy import create_engine, delete, event, func, insert, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
@@ -47,7 +47,27 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
     Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        _add_new_columns(connection)
     return engine
+
+
+def _add_new_columns(connection) -> None:
+    """A database made by an earlier version gets the columns added since, with their defaults
+    (create_all makes missing tables only); nothing it holds is touched. A stopgap until the
+    schema has migrations of its own."""
+    inspector = inspect(connection)
+    for table in Base.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            kind = column.type.compile(dialect=connection.dialect)
+            default = column.default.arg if column.default is not None else None
+            clause = f" DEFAULT {default!r}" if isinstance(default, (int, float, str)) else ""
+            connection.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}')
 
 
 def sqlite_url(path: str) -> str:

@@ -46,7 +46,10 @@ def record_links(session: Session, node: str, samples: list[dict]) -> dict[tuple
     ends: the median over that NIC's links (a slow interface is slow to and from its node).
     Returns {(node, nic): (before, after)} for the NICs whose measure changed."""
     touched = set()
+    own = {n.name for n in nics_of(session, node)}
     for s in samples:
+        if s["nic"] not in own:
+            continue  # not a NIC the node has: nothing to keep
         session.merge(Link(node=node, nic=s["nic"], peer=s["peer"], gbps=s["gbps"], time=s["time"]))
         touched |= {(node, s["nic"]), (s["peer"], s["nic"])}
     session.flush()

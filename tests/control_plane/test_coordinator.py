@@ -96,6 +96,12 @@ def proposal(current=1.0, proposed=0.6, migration=2.0, rates=SLOW):
             [],
         ),
         (
+            "a failed probe (0) or a NIC of unknown speed is no figure to compare",
+            replace(STEADY, planned_links={"n0:ib": 200.0, "n1:ib": 0.0}),
+            Observation(HEALTHY, links={"n0:ib": 0.0, "n1:ib": 50.0}),
+            [],
+        ),
+        (
             "a link the plan knew nothing of is not a move",
             STEADY,
             Observation(HEALTHY, links={"n9:eth": 1.0}),

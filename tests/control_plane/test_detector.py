@@ -126,3 +126,15 @@ def test_a_link_that_becomes_slow_shows_in_its_own_gradient_syncs():
         for device in ("ib-0/0", "ib-1/0", "roce-0/0", "roce-1/0"):
             detector.observe(device, step, 1.0, 0.01, 0.5)
     assert detector.slow_links(detector.rates()) == []
+
+
+def test_waits_behind_a_straggler_are_not_blamed_on_a_link():
+    detector = Detector(DetectorSettings(window=4))
+    for step in range(12):
+        slow = step >= 6
+        detector.observe("a", step, 3.0 if slow else 1.0, 0.01, 0.05)  # a straggles from step 6
+        for device in ("b", "c", "d"):  # and its partners wait on it
+            detector.observe(device, step, 1.0, 0.5 if slow else 0.01, 0.5 if slow else 0.05)
+        rates = detector.rates()
+        assert detector.slow_links(rates) == [], (step, rates)
+    assert detector.rates()["a"] == 3.0

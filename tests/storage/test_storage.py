@@ -185,3 +185,17 @@ def test_a_nics_measured_bandwidth_is_the_median_of_its_links_and_outlives_a_rec
     assert measured == {"a": 125.0, "b": 60.0, "c": 190.0}
     assert [(k.peer, k.gbps) for k in store.read(lambda s: queries.links_of(s, "a"))] == [("b", 60.0), ("c", 190.0)]
     assert store.read(lambda s: queries.get_node(s, "b")).probe_port == 7001
+
+
+def test_a_database_from_before_new_columns_gets_them_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "old.db"
+    Store(sqlite_url(str(path)), create=True).write_sync(
+        lambda s: queries.upsert_node(s, "n", [], [{"name": "ib", "type": "infiniband", "gbps": 200.0}], "old")
+    )
+    with sqlite3.connect(path) as old:  # as an earlier version made it: without this version's columns
+        for table, column in [("nodes", "probe_port"), ("nics", "address"), ("nics", "measured_gbps")]:
+            old.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    store = Store(sqlite_url(str(path)))
+    (nic,) = store.read(lambda s: queries.nics_of(s, "n"))
+    assert (nic.gbps, nic.address, nic.measured_gbps) == (200.0, "", 0.0)
+    assert store.read(lambda s: queries.get_node(s, "n")).probe_port == 0
