@@ -23,6 +23,7 @@ from .local_cluster import LocalClusterError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="drover", prog_name="drover", message="%(prog)s %(version)s")
 def cli() -> None:
     """Drover keeps hybrid-parallel training fast when GPUs straggle and networks differ."""
 

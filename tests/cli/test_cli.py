@@ -279,3 +279,10 @@ def test_train_takes_the_optimizer_and_schedule_from_a_job_file(tmp_path):
     assert out.returncode == 2
     assert "'schedule.decay'" in out.stderr and "linear" in out.stderr and "cosine" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    main(["--version"])
+    assert capsys.readouterr().out == f"drover {version('drover')}\n"
