@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except grpc.RpcError as exc:
         click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            click.echo(
+                "drover: no control plane answered at that address: start one (drover server, or drover up), "
+                "or give its address with --control-plane HOST:PORT or DROVER_CONTROL_PLANE",
+                err=True,
+            )
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
     except (LocalClusterError, StoreError, StartError) as exc:
         click.echo(f"drover: error: {exc}", err=True)

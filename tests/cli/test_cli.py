@@ -286,3 +286,13 @@ def test_version_is_the_installed_packages(capsys):
 
     main(["--version"])
     assert capsys.readouterr().out == f"drover {version('drover')}\n"
+
+
+def test_a_control_plane_that_does_not_answer_gets_a_hint_naming_the_address(capsys):
+    from drover.planner.ports import free_port
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(SystemExit) as done:
+        main(["job", "list", "--control-plane", address, "--insecure"])
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and "UNAVAILABLE" in err and address in err and "--control-plane" in err
