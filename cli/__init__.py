@@ -54,7 +54,9 @@ offline.plan.add_command(remote.plan_history)
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(args=argv, prog_name="drover", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="drover", standalone_mode=False)
+        if isinstance(code, int) and code:  # click.exceptions.Exit(code): a command's own status
+            sys.exit(code)
     except (SpecError, PlanError) as exc:
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(2)

@@ -74,12 +74,15 @@ def job() -> None:
     metavar="DIR",
     help="Continue from the newest checkpoint in DIR (relative to the agents' --data-root), under any plan.",
 )
+@click.option("--wait", is_flag=True, help="Then watch it to its end (as job watch, with its exit status).")
 @control_plane_option
 @json_option
-def job_submit(job_file: str, out_dir: str, resume: str | None, address: str, as_json: bool) -> None:
+def job_submit(job_file: str, out_dir: str, resume: str | None, wait: bool, address: str, as_json: bool) -> None:
     """Submit a job file (model, steps, data, optimizer, checkpoint...; docs/jobs.md)."""
     submitted = submit_job(connect(address), Path(job_file), out_dir, resume)
     _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
+    if wait:
+        _watch(connect(address), submitted.id, as_json)
 
 
 @job.command("list")
@@ -106,8 +109,21 @@ def job_status(job_id: str, address: str, as_json: bool) -> None:
 @json_option
 def job_watch(job_id: str, address: str, as_json: bool) -> None:
     """Print the job's events as they happen, under a live progress line (step, loss, lr,
-    tokens/s, validation loss), until it ends."""
-    stub = connect(address)
+    tokens/s, validation loss), until it ends. Exit status: 0 completed, 1 failed, 3 cancelled."""
+    _watch(connect(address), job_id, as_json)
+
+
+ENDED = {"completed": 0, "failed": 1, "cancelled": 3}  # a watched job's end -> exit status
+
+
+def _watch(stub, job_id: str, as_json: bool) -> None:
+    _follow(stub, job_id, as_json)
+    state = job_state_name(stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id)).state)
+    if ENDED.get(state, 1):
+        raise click.exceptions.Exit(ENDED.get(state, 1))
+
+
+def _follow(stub, job_id: str, as_json: bool) -> None:
     events = stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id))
     if as_json:
         for event in events:

@@ -291,6 +291,7 @@ def test_dead_worker_fails_the_job_cleanly(local_cluster, tmp_path):
     os.kill(workers[-1], signal.SIGKILL)
     final = ended(c, job.id, 120)
     assert final.state == state_pb2.JOB_STATE_FAILED and "exited" in final.detail
+    assert run_cli(c, "job", "watch", job.id).returncode == 1  # exit 1: failed
     kinds = [e.kind for e in c.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))]
     assert "workers_failed" in kinds and kinds[-1] == "job_failed"
 
@@ -316,10 +317,12 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     watched = run_cli(c, "job", "watch", job_id)
-    assert watched.returncode == 0 and "job_completed" in watched.stdout
+    assert watched.returncode == 0 and "job_completed" in watched.stdout  # exit 0: completed
     listed = json.loads(run_cli(c, "job", "list", "--json").stdout)["jobs"]
     assert [(j["id"], j["state"]) for j in listed] == [(job_id, "JOB_STATE_COMPLETED")]
     assert "completed" in run_cli(c, "job", "status", job_id).stdout
+    waited = run_cli(c, "job", "submit", str(job_file), "--out", "again", "--wait")
+    assert waited.returncode == 0 and "job_completed" in waited.stdout
     nodes = json.loads(run_cli(c, "nodes", "--json").stdout)["nodes"]
     assert nodes[0]["name"] == "node-0" and nodes[0]["devices"] == ["node-0/0", "node-0/1"]
     history = json.loads(run_cli(c, "plan", "history", job_id, "--json").stdout)["plans"]
@@ -333,6 +336,7 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     assert queued["state"] == "JOB_STATE_PENDING" and "waiting for a free device" in queued["detail"]
     assert "pending" in run_cli(c, "job", "status", queued["id"]).stdout
     assert run_cli(c, "job", "cancel", queued["id"]).returncode == 0
+    assert run_cli(c, "job", "watch", queued["id"]).returncode == 3  # exit 3: cancelled
     assert run_cli(c, "node", "undrain", "node-0").returncode == 0
     missing = run_cli(c, "job", "status", "job-nope")
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
