@@ -36,6 +36,7 @@ class NicInfo:
     type: str  # infiniband | roce | ethernet
     gbps: float
     address: str = ""  # its IPv4 address where it has one (link probes reach the node there)
+    emulated: bool = False  # an emulated network's interface (labelled by cli/netem.py)
 
 
 def emulated(cluster: Cluster, node: str) -> tuple[list[DeviceInfo], list[NicInfo]]:
@@ -98,7 +99,7 @@ def nics(sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB) -> list[NicInfo]:
             continue
         label = _read(path / "ifalias").split(":")
         if label[0] == "drover" and len(label) == 3 and label[1] in ("infiniband", "roce", "ethernet"):
-            out.append(NicInfo(path.name, label[1], _number(label[2])))  # an emulated network's interface
+            out.append(NicInfo(path.name, label[1], _number(label[2]), emulated=True))
             continue
         kind = "infiniband" if _read(path / "type") == "32" else "roce" if path.name in roce_netdevs else "ethernet"
         speed = _read(path / "speed")
@@ -118,7 +119,7 @@ def nic_bytes(name: str, sys_net: Path = SYS_NET) -> tuple[int, int]:
 
 def emulated_nics() -> list[NicInfo]:
     """The interfaces an emulated network labelled (cli/netem.py: ifalias drover:TYPE:GBPS), if any."""
-    return [n for n in nics() if _read(SYS_NET / n.name / "ifalias").startswith("drover:")]
+    return [n for n in nics() if n.emulated]
 
 
 def addresses() -> dict[str, str]:

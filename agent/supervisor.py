@@ -15,7 +15,7 @@ from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
 from .runtime.custom import check_counts
 from .runtime.inputs import inside, open_inputs
-from .runtime.launch import worker_context
+from .runtime.launch import pace, worker_context
 from .runtime.worker import WorkerArgs, new_lines, telemetry_file, worker_main
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -148,7 +148,7 @@ class JobWorkers:
                 str(self.out_dir),
                 str(data_root),
                 (rate, 0) if rate > 1.0 else None,
-                tflops * 1e12 * spec.mfu,
+                pace(tflops, spec),
                 ranks=ranks,
                 inbox=str(self.inbox),
                 joining=joining,

@@ -957,11 +957,10 @@ class ControlPlane:
         nodes = await self.store.query(
             lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
         )
-        links = dict(job.links)  # what the cluster below is made with (the NICs' measured Gbps)
         proposal = await self._off_loop(
             planning.propose, planning.cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s
         )
-        return replace(proposal, links=links)
+        return replace(proposal, links=planning.nic_gbps(nodes))  # what that cluster was made with
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)

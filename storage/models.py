@@ -50,6 +50,7 @@ class Link(Base):
     peer: Mapped[str] = mapped_column(String, primary_key=True)
     gbps: Mapped[float] = mapped_column(Float)
     time: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("links_by_peer", "peer"),)  # a NIC's measure reads the links to its node too
 
 
 class Job(Base):

@@ -32,12 +32,12 @@ def upsert_node(
     node.probe_port = probe_port
     session.add(node)
     session.flush()
+    measured = _measured(session, name)  # what its links did before it reconnected: still so
+    nics = [{**row, "measured_gbps": measured.get(row["name"], 0.0)} for row in nics]
     for model, rows in ((Device, devices), (Nic, nics)):
         session.execute(delete(model).where(model.node == name))
         if rows:
             session.execute(insert(model), [{"node": name, **row} for row in rows])
-    for nic in nics:  # measured before it reconnected: still what its links do
-        _refresh_measured(session, name, nic["name"])
     return node
 
 
@@ -54,25 +54,27 @@ def record_links(session: Session, node: str, samples: list[dict]) -> dict[tuple
         touched |= {(node, s["nic"]), (s["peer"], s["nic"])}
     session.flush()
     changed = {}
-    for owner, nic_name in touched:
-        before_after = _refresh_measured(session, owner, nic_name)
-        if before_after is not None:
-            changed[(owner, nic_name)] = before_after
+    for owner in {owner for owner, _ in touched}:
+        measured = _measured(session, owner)
+        for nic_name in [n for o, n in touched if o == owner]:
+            nic = session.get(Nic, (owner, nic_name))
+            after = measured.get(nic_name, 0.0)
+            if nic is not None and after != nic.measured_gbps:
+                changed[(owner, nic_name)] = (nic.measured_gbps, after)
+                nic.measured_gbps = after
     return changed
 
 
-def _refresh_measured(session: Session, owner: str, nic_name: str) -> tuple[float, float] | None:
-    nic = session.get(Nic, (owner, nic_name))
-    if nic is None:
-        return None
-    rows = session.scalars(
-        select(Link.gbps).where(Link.nic == nic_name, (Link.node == owner) | (Link.peer == owner), Link.gbps > 0)
+def _measured(session: Session, owner: str) -> dict[str, float]:
+    """Each of the node's NICs' measured bandwidth: the median over the links probed from or to
+    it on that NIC (failed probes left out). One query for all its NICs."""
+    rows = session.execute(
+        select(Link.nic, Link.gbps).where((Link.node == owner) | (Link.peer == owner), Link.gbps > 0)
     ).all()
-    measured = statistics.median(rows) if rows else 0.0
-    if measured == nic.measured_gbps:
-        return None
-    before, nic.measured_gbps = nic.measured_gbps, measured
-    return before, measured
+    by_nic: dict[str, list[float]] = {}
+    for nic, gbps in rows:
+        by_nic.setdefault(nic, []).append(gbps)
+    return {nic: statistics.median(values) for nic, values in by_nic.items()}
 
 
 def links_of(session: Session, node: str) -> list[Link]:

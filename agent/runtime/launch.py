@@ -36,9 +36,13 @@ def local_cluster(workers: int) -> Cluster:
     return Cluster(LOCAL_NODE, (Node(LOCAL_NODE, workers, gpu, intra_gbps=100.0, ethernet_gbps=100.0),))
 
 
-def pace_of(cluster: Cluster, device: Device, spec: ModelSpec) -> float:
+def pace(tflops: float, spec: ModelSpec) -> float:
     """The FLOP/s a paced device emulates at full health: its GPU's tflops x the model's mfu."""
-    return cluster.nodes[device.node].gpu.tflops * 1e12 * spec.mfu
+    return tflops * 1e12 * spec.mfu
+
+
+def pace_of(cluster: Cluster, device: Device, spec: ModelSpec) -> float:
+    return pace(cluster.nodes[device.node].gpu.tflops, spec)
 
 
 def train_workers(
