@@ -71,12 +71,14 @@ def run_stage(
     forward_only: bool = False,
     pace: float = 0.0,
     p2p_groups: dict | None = None,
+    tp_group=None,
 ) -> Stats:
     """Forward and backward every micro-batch of the stage, leaving gradients in `parts`;
     `source.batch(step, first_sample, count)` gives the tokens.
 
     `slow` is an emulated straggler (rate, from step); `tp_clock` times the
-    stage's TP all-reduces, so a slow partner's time is not counted as ours.
+    stage's TP all-reduces, so a slow partner's time is not counted as ours;
+    tp_group: the stage's TP process group (None when t = 1).
     pace: a paced device's FLOP/s (tflops x mfu of the GPU it emulates; 0: not
     paced). Each piece of work then takes its FLOPs / (pace / rate), the real
     computation padded by a sleep, so timings follow the emulated cluster.
@@ -115,32 +117,51 @@ def run_stage(
     def pair(peer):
         return (p2p_groups or {}).get((min(me, peer), max(me, peer)))
 
-    def recv(shape, src, tag):
-        buf = torch.empty(shape, device=device)
+    def pieces(group) -> int:
+        # A neighbouring TP group's members each hold the whole activation, so it crosses in
+        # min(t, t') pieces, one per sender, and the receivers all-gather them within their
+        # node (Megatron's scatter-gather): the link between nodes carries it once, not t times.
+        return min(t, len(group))
+
+    def recv(shape, group, tag):
+        g = pieces(group)
+        src = group[role.tp_rank % g]
+        numel = shape[0] * shape[1] * shape[2]
+        piece = torch.empty(-(-numel // g), device=device)
         t0 = time.perf_counter()
-        dist.recv(buf, src, group=pair(src), tag=tag)
+        dist.recv(piece, src, group=pair(src), tag=tag)
+        if g > 1:
+            gathered = [torch.empty_like(piece) for _ in range(t)]
+            dist.all_gather(gathered, piece, group=tp_group)
+            buf = torch.cat(gathered[:g])[:numel].view(shape)  # member j holds piece j mod g
+        else:
+            buf = piece.view(shape)
         stats.p2p_wait_s += time.perf_counter() - t0
-        stats.bytes_recv[src] += buf.numel() * buf.element_size()
+        stats.bytes_recv[src] += piece.numel() * piece.element_size()
         return buf
 
     def send(tensor, group, tag):
-        # Every member of a TP group holds the same activation, so the sends are shared:
-        # member r serves the receivers j with j mod t == r.
-        tensor = tensor.contiguous()
+        # Receiver j gets piece j mod g from the sender whose TP rank that is.
+        g = pieces(group)
+        if role.tp_rank >= g:
+            return
+        flat = tensor.reshape(-1)
+        size = -(-flat.numel() // g)
+        piece = torch.nn.functional.pad(flat, (0, size * g - flat.numel()))[
+            role.tp_rank * size : (role.tp_rank + 1) * size
+        ]
+        piece = piece.contiguous()
         for j, dst in enumerate(group):
-            if j % t == role.tp_rank:
-                sends.append((dist.isend(tensor, dst, group=pair(dst), tag=tag), tensor))
-                stats.bytes_sent[dst] += tensor.numel() * tensor.element_size()
-
-    def sender(group):  # who of a neighbouring TP group sends to this member
-        return group[role.tp_rank % len(group)]
+            if j % g == role.tp_rank:
+                sends.append((dist.isend(piece, dst, group=pair(dst), tag=tag), piece))
+                stats.bytes_sent[dst] += piece.numel() * piece.element_size()
 
     shape = (b, spec.seq_len, spec.hidden)
 
     def forward(i: int) -> None:
         mb = first_mb + i
         inputs, targets = (x.to(device) for x in source.batch(step, mb * b, b))
-        x_in = None if role.first else recv(shape, sender(role.prev_group), 2 * mb).requires_grad_(not forward_only)
+        x_in = None if role.first else recv(shape, role.prev_group, 2 * mb).requires_grad_(not forward_only)
 
         def run():
             with torch.autocast(device.type, torch.bfloat16, enabled=bf16), torch.set_grad_enabled(not forward_only):
@@ -162,7 +183,7 @@ def run_stage(
     def backward(i: int) -> None:
         mb = first_mb + i
         x_in, out = saved.pop(i)
-        grad = None if role.last else recv(shape, sender(role.next_group), 2 * mb + 1)
+        grad = None if role.last else recv(shape, role.next_group, 2 * mb + 1)
         compute(lambda: torch.autograd.backward(out, grad), 2 * forward_flops)
         if not role.first:
             send(x_in.grad, role.prev_group, 2 * mb + 1)

@@ -345,6 +345,7 @@ class Worker:
                     forward_only=True,
                     pace=self.args.pace,
                     p2p_groups=self.p2p_pgs,
+                    tp_group=self.tp_pg,
                 )
                 total += stats.loss
         loss = torch.tensor([total / batches], device=self.torch_device)
@@ -407,6 +408,7 @@ class Worker:
             self.bf16,
             pace=self.args.pace,
             p2p_groups=self.p2p_pgs,
+            tp_group=self.tp_pg,
         )
         t0 = time.perf_counter()
         sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)

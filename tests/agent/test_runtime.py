@@ -23,6 +23,7 @@ from support import (
     SHRINK,
     THREE,
     TP2,
+    TP2_TP4_TP1,
     UNEVEN,
     assert_matches_reference,
     local_plan,
@@ -64,6 +65,16 @@ def test_parallel_run_equals_reference(name, plans, spec, reference, tmp_path):
     assert [m["step"] for m in migrations] == [step for step, _ in plans[1:]]
     for m in migrations:
         assert m["bytes_moved"] > 0 and m["blocks_moved"] >= 0 and m["seconds"] > 0
+
+
+def test_activations_cross_between_tp_groups_of_any_sizes_in_pieces(spec, reference, tmp_path):
+    """A TP group sends a stage boundary's tensor in min(t, t') pieces, one per sender,
+    which the receivers gather; the model still equals the reference."""
+    train_workers(spec, 7, [(0, TP2_TP4_TP1)], tmp_path, Training(STEPS, SEED))
+    assert_matches_reference(tmp_path, reference)
+    activation = spec.micro_batch * spec.seq_len * spec.hidden * 4
+    sent = json.loads((tmp_path / "telemetry" / "local_0.jsonl").read_text().splitlines()[-1])["bytes_sent"]
+    assert sent == {"2": 8 * activation / 2, "4": 8 * activation / 2}  # half of each, to TP ranks 0 and 2
 
 
 def test_cli_train_with_straggler_and_switch_matches_cli_reference(tmp_path):
