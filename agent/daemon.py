@@ -17,11 +17,13 @@ from pathlib import Path
 
 import grpc
 
+from drover.metrics import serve as serve_metrics
 from drover.planner.cluster import Cluster
 from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery, probe
+from .metrics import registry_of
 from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
@@ -55,9 +57,11 @@ class Agent:
         tls_dir: str | Path | None = None,
         model_modules: tuple[str, ...] = (),
         emulate: Cluster | None = None,
+        metrics_address: str | None = None,
     ):
         """emulate: this node is node NODE of an emulated cluster: paced devices and NICs as
-        the cluster file gives them (discovery.emulated), not what the machine has."""
+        the cluster file gives them (discovery.emulated), not what the machine has.
+        metrics_address: HOST:PORT to serve Prometheus metrics at (agent/metrics.py), plain HTTP."""
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         if emulate is not None:
             self.devices, self.nics = discovery.emulated(emulate, node)
@@ -79,11 +83,16 @@ class Agent:
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
         self._probing: set[asyncio.Task] = set()
+        self.metrics_address = metrics_address
+        self.connected, self.connections = False, 0  # the stream's state, for /metrics
+        self.nic_rates: list[agent_pb2.NicSample] = []  # the newest NIC rates
+        self.probed: dict[tuple[str, str], float] = {}  # (nic, peer) -> newest probe's Gbps
         start_worker_launcher()  # before the agent lowers its priority: workers keep the full one
 
     async def run_forever(self) -> None:
         """Until cancelled; the workers are stopped on the way out."""
         backoff = 0.2
+        metrics_http = self._serve_metrics() if self.metrics_address else None
         server, self.probe_port = await probe.serve()
         try:
             while True:
@@ -97,7 +106,16 @@ class Agent:
                 backoff = min(backoff * 2, 5.0)
         finally:
             server.close()
+            if metrics_http is not None:
+                await asyncio.to_thread(metrics_http.shutdown)
             self.stop()
+
+    def _serve_metrics(self):
+        # Plain HTTP: a node's certificate is a client's on purpose (it names no host, so it can
+        # never pass for the control plane's), so bind this where only the scraper reaches.
+        http, _ = serve_metrics(self.metrics_address, registry_of(self, asyncio.get_running_loop()))
+        log.info("metrics at http://%s/metrics", self.metrics_address)
+        return http
 
     async def _session(self) -> None:
         if self.credentials is None:
@@ -118,8 +136,11 @@ class Agent:
             ticker = asyncio.create_task(self._tick_forever(outbox))
             try:
                 async for message in call:
+                    if not self.connected:  # the control plane answered: the stream is up
+                        self.connected, self.connections = True, self.connections + 1
                     self._apply(message)
             finally:
+                self.connected = False
                 ticker.cancel()
         raise ConnectionError("stream ended")
 
@@ -240,6 +261,7 @@ class Agent:
                 continue  # not an interface of this node: nothing to measure from
             gbps = await probe.probe(target.address, target.port, target.bytes, own[target.nic])
             sample = agent_pb2.LinkSample(nic=target.nic, peer=target.peer, gbps=gbps, time=time.time())
+            self.probed[(target.nic, target.peer)] = gbps
             self._links.setdefault(command.job_id, []).append(sample)
             log.info("link %s -> %s: %.3f Gbps", target.nic, target.peer, gbps)
 
@@ -340,6 +362,7 @@ class Agent:
                     )
                 )
             self._nic_counters[nic.name] = (now, tx, rx)
+        self.nic_rates = out
         return out
 
     def stop(self) -> None:

@@ -48,7 +48,10 @@ class FailedHere:
     exited, while the agent serves its other jobs."""
 
     def __init__(self, detail: str):
-        self.detail, self.local, self.step, self.active_version = detail, {}, -1, 0
+        self.detail, self.local, self.step, self.active_version, self.latest = detail, {}, -1, 0, {}
+
+    def alive(self) -> int:
+        return 0
 
     def state(self) -> tuple[str, str]:
         return "failed", self.detail
@@ -251,6 +254,10 @@ class JobWorkers:
     @property
     def step(self) -> int:
         return max((row["step"] for row in self.latest.values()), default=-1)
+
+    def alive(self) -> int:
+        """Worker processes of this job still running here."""
+        return sum(p.is_alive() for d, p in self.procs.items() if d not in self.dropped)
 
     def state(self) -> tuple[str, str]:
         """(running | completed | failed, detail)."""

@@ -15,6 +15,7 @@ import click
 import grpc
 
 from drover.control_plane.api import StartError
+from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
 from drover.storage.db import StoreError
 
@@ -75,6 +76,6 @@ def main(argv: list[str] | None = None) -> None:
                 err=True,
             )
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
-    except (LocalClusterError, StoreError, StartError) as exc:
+    except (LocalClusterError, StoreError, StartError, MetricsError) as exc:
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(1)

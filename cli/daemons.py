@@ -14,6 +14,7 @@ import click
 
 from drover.control_plane.detector import SETTINGS, DetectorSettings
 from drover.control_plane.identity import ROLES, add_node, add_token, make_credentials
+from drover.metrics import MetricsError, split_address
 from drover.planner.wire import is_loopback
 
 from .options import insecure_option
@@ -110,6 +111,14 @@ def detector_options(command):
     help="ca.pem, server.pem, server.key and tokens.json (drover certs init makes them).",
 )
 @insecure_option
+@click.option(
+    "--metrics",
+    "metrics_address",
+    metavar="HOST:PORT",
+    envvar="DROVER_METRICS",
+    help="Serve Prometheus metrics at http(s)://HOST:PORT/metrics (HTTPS with the server's certificate "
+    "under --tls-dir). Off by default.",
+)
 @click.option("--emulation", is_flag=True, envvar="DROVER_EMULATION", help="Allow `drover straggle` (admin only).")
 @click.option("--new-db", is_flag=True, help="Start empty where a database this server used has gone missing.")
 @detector_options
@@ -119,6 +128,7 @@ def server(
     agent_listen: str,
     tls_dir: str | None,
     insecure: bool,
+    metrics_address: str | None,
     emulation: bool,
     new_db: bool,
     **settings,
@@ -130,7 +140,7 @@ def server(
         raise click.UsageError("give --tls-dir DIR (drover certs init makes one) or --insecure (loopback only)")
     try:
         if insecure:
-            check_loopback(listen, agent_listen)
+            check_loopback(listen, agent_listen, *([metrics_address] if metrics_address else []))
         detector = DetectorSettings(**settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -144,6 +154,7 @@ def server(
             emulation=emulation,
             new_db=new_db,
             detector=detector,
+            metrics_address=metrics_address,
         )
     )
 
@@ -200,6 +211,14 @@ def server(
     help="Comma-separated Python modules whose functions custom models (family custom) may name as "
     "entry_point; their submodules too. None by default: a job names code its workers import.",
 )
+@click.option(
+    "--metrics",
+    "metrics_address",
+    metavar="HOST:PORT",
+    envvar="DROVER_AGENT_METRICS",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (plain HTTP: bind it where only your "
+    "Prometheus reaches). Off by default.",
+)
 def agent(
     address: str,
     tls_dir: str | None,
@@ -211,6 +230,7 @@ def agent(
     data_root: str,
     emulate_file: str | None,
     model_modules: str,
+    metrics_address: str | None,
 ) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
@@ -231,7 +251,13 @@ def agent(
             names = ", ".join(n.name for n in emulate.nodes)
             raise click.BadParameter(f"{node!r} is not a node of {emulate_file} ({names})", param_hint="--node")
     modules = tuple(m.strip() for m in model_modules.split(",") if m.strip())
-    agent = Agent(address, node, cpu_devices, interval, f"{work_dir}/{node}", data_root, tls_dir, modules, emulate)
+    if metrics_address:
+        try:
+            split_address(metrics_address, "--metrics")  # refused before anything starts
+        except MetricsError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics") from None
+    work = f"{work_dir}/{node}"
+    agent = Agent(address, node, cpu_devices, interval, work, data_root, tls_dir, modules, emulate, metrics_address)
     run_until_stopped(agent.run_forever())
 
 

@@ -48,12 +48,16 @@ class LocalCluster:
         python_path: tuple[str, ...] = (),
         emulate: Path | None = None,
         network=None,
+        metrics_port: int = 0,
     ):
         """model_modules and python_path: what custom models' entry points import, and the
         folders they are imported from (cli/models.py's ModelReader found both). emulate: a
         cluster file whose nodes the agents are (nodes and devices_per_node unused). network: a
         NetworkEmulation (cli/netem.py) made from that file: each agent runs in its node's
-        namespace and reaches the control plane over the emulated Ethernet."""
+        namespace and reaches the control plane over the emulated Ethernet. metrics_port: serve
+        Prometheus metrics, the server's at 127.0.0.1:PORT and each agent's at the next ports
+        in node order (none for agents in network namespaces); `metrics` maps "server" and
+        each node to its address."""
         self.network = network
         self.work_dir = Path(work_dir)
         self.emulate = Path(emulate).resolve() if emulate else None
@@ -76,6 +80,11 @@ class LocalCluster:
         if self.certs.exists():
             shutil.rmtree(self.certs)
         self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
+        self.metrics: dict[str, str] = {}
+        if metrics_port:
+            self.metrics["server"] = f"127.0.0.1:{metrics_port}"
+            if network is None:
+                self.metrics |= {name: f"127.0.0.1:{metrics_port + 1 + i}" for i, name in enumerate(self.nodes)}
         names = self.nodes + [n for n in spare_nodes if n not in self.nodes]
         make_credentials(self.certs, names, sorted({"localhost", "127.0.0.1", agent_host}))
         self.target = Target.from_files(self.address, self.certs / "ca.pem", self.certs / "admin.token")
@@ -174,6 +183,7 @@ class LocalCluster:
                 "--tls-dir",
                 str(self.certs),
                 "--emulation",
+                *(["--metrics", self.metrics["server"]] if "server" in self.metrics else []),
             ],
             "server.log",
             log_mode,
@@ -201,6 +211,8 @@ class LocalCluster:
         else:
             args += ["--cpu-devices", str(self.devices_per_node)]
         args += ["--interval", str(self.telemetry_interval_s)]
+        if name in self.metrics:
+            args += ["--metrics", self.metrics[name]]
         args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]
         env, prefix = dict(os.environ), ()
         if self.model_modules:

@@ -129,6 +129,14 @@ def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
     "(default: here, or --out when it lies elsewhere).",
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535 - 1024),
+    default=0,
+    envvar="DROVER_METRICS_PORT",
+    help="Serve Prometheus metrics: the server's at https://127.0.0.1:PORT, each agent's at http:// and the "
+    "next ports in node order (not for --network's namespaced agents). 0: off.",
+)
 def up(
     nodes: int,
     devices_per_node: int,
@@ -142,6 +150,7 @@ def up(
     out_dir: str,
     data_root: str,
     resume,
+    metrics_port: int,
 ) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
@@ -203,11 +212,18 @@ def up(
                 python_path=tuple(reader.folders),
                 emulate=Path(cluster_file) if cluster_file else None,
                 network=network,
+                metrics_port=metrics_port,
             )
         )
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
         where = f"{submitted.steps} steps on {shape}; control plane {cluster.address}"
         click.echo(f"{submitted.id}: {submitted.model_name}, {where}")
+        if cluster.metrics:
+            listed = ", ".join(
+                f"{name} {'https' if name == 'server' else 'http'}://{address}/metrics"
+                for name, address in cluster.metrics.items()
+            )
+            click.echo(f"metrics (the server's over TLS, CA {cluster.certs / 'ca.pem'}): {listed}")
         for device, rate, step in straggles:
             cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
         faults = [(step, "kill", name) for name, step in kills] + [(step, "join", name) for name, step in joins]

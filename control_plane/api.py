@@ -22,6 +22,8 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from drover.metrics import MetricsError, split_address
+from drover.metrics import serve as serve_metrics
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.plan import plan_from_dict
 from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, plan_to_proto
@@ -404,6 +406,8 @@ class Served:
     cp: ControlPlane
     port: int  # the job service's (and, insecure, the agents')
     agent_port: int  # the agent stream's
+    metrics_port: int = 0  # /metrics's, when served
+    metrics_http: object = None
 
 
 def _credentials(tls_dir: Path, agents: bool) -> grpc.ServerCredentials:
@@ -423,15 +427,20 @@ async def start_server(
     emulation: bool = False,
     new_db: bool = False,
     max_agent_streams: int = MAX_AGENT_STREAMS,
+    metrics_address: str | None = None,
     **options,
 ) -> Served:
     """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path.
     With `tls_dir` (see `drover certs init`) clients need TLS and a token at `address`, agents
     mutual TLS at `agent_address`; without it both are served insecure on loopback only.
     `emulation` allows Straggle; `new_db` starts empty where a used database went missing;
-    `max_agent_streams` caps the agents served at once; `options` go to ControlPlane."""
+    `max_agent_streams` caps the agents served at once; `metrics_address` (HOST:PORT) serves
+    Prometheus metrics at /metrics, over TLS with the server's certificate when there is one;
+    `options` go to ControlPlane."""
+    if metrics_address:
+        split_address(metrics_address, "--metrics")
     if tls_dir is None:
-        check_loopback(address, agent_address or address)
+        check_loopback(address, agent_address or address, *([metrics_address] if metrics_address else []))
     elif agent_address is None:
         raise ValueError("with TLS, agents need a port of their own (agent_address)")
     auth = Authenticator(load_tokens(Path(tls_dir) / "tokens.json") if tls_dir is not None else None)
@@ -463,6 +472,15 @@ async def start_server(
         except RuntimeError as exc:
             raise StartError(f"cannot listen on {address} or {agent_address}: {exc} (another server?)") from None
         await server.start()
+        cp.metrics.attach(cp, asyncio.get_running_loop())
+        metrics_http, metrics_port = None, 0
+        if metrics_address:
+            tls = (Path(tls_dir) / "server.pem", Path(tls_dir) / "server.key") if tls_dir is not None else None
+            try:
+                metrics_http, metrics_port = serve_metrics(metrics_address, cp.metrics.registry, tls)
+            except MetricsError:
+                await server.stop(grace=None)
+                raise
     except BaseException:
         await cp.close()  # the database and its lock are let go
         raise
@@ -471,10 +489,14 @@ async def start_server(
     cp.flusher = asyncio.create_task(cp.flush_forever())
     security = "TLS" if tls_dir is not None else "INSECURE"
     log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, db)
-    return Served(server, cp, port, agent_port)
+    if metrics_http is not None:
+        log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)
+    return Served(server, cp, port, agent_port, metrics_port, metrics_http)
 
 
 async def stop_server(served: Served) -> None:
+    if served.metrics_http is not None:
+        await asyncio.to_thread(served.metrics_http.shutdown)
     await served.server.stop(grace=1)
     await served.cp.close()
 

@@ -37,6 +37,7 @@ from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_wire
+from .metrics import PlaneMetrics, lag_of
 from .validation import (
     FailedPrecondition,
     InvalidArgument,
@@ -98,6 +99,9 @@ class RunningJob:
     planned_links: dict = field(default_factory=dict)  # "node:nic" -> Gbps the current plan assumed
     links: dict = field(default_factory=dict)  # "node:nic" -> Gbps measured by link probes
     probed_at: dict = field(default_factory=dict)  # node -> when its links were last probed (monotonic)
+    samples: dict = field(default_factory=dict)  # device -> (compute s/block, p2p wait s, sync s), newest
+    migrations: int = 0  # plan switches finished since this server started (metrics)
+    migration_bytes: int = 0
 
     def state(self, detection_paused: bool) -> JobState:
         return JobState(
@@ -140,6 +144,7 @@ class ControlPlane:
         self._saved_steps: dict[str, int] = {}  # job -> step last written
         self._saved_progress: dict[str, dict | None] = {}  # job -> progress last written
         self.new_events = asyncio.Event()  # set when an event is stored; watchers wait on it
+        self.metrics = PlaneMetrics()
 
     # -- start-up and background work ---------------------------------------------
 
@@ -239,7 +244,8 @@ class ControlPlane:
             for job_id, figures in progress.items():
                 queries.set_progress(session, job_id, figures)
 
-        await self.store.flush_samples(also=save if steps or progress else None)
+        with self.metrics.flush_time.time():
+            await self.store.flush_samples(also=save if steps or progress else None)
         self._saved_steps.update(steps)  # only once they are stored: a failed flush retries them
         self._saved_progress.update(progress)
 
@@ -384,6 +390,7 @@ class ControlPlane:
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
+        self.metrics.telemetry_lag.observe(lag_of(message.time, time.time()))
         job = self._job_placed_on(node, message.job_id)
         for i, s in enumerate(message.devices):  # checked before anything is kept
             if not s.device.startswith(node + "/"):
@@ -423,6 +430,7 @@ class ControlPlane:
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
+                job.samples[s.device] = (s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
                 if s.compute_s_per_block > 0:
                     job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
                 else:  # idle (left out of the plan): no work to judge, and an old window would mislead
@@ -481,6 +489,8 @@ class ControlPlane:
                     step=m.step,
                 )
                 continue
+            job.migrations += 1
+            job.migration_bytes += m.bytes_moved
             await self._event(
                 job,
                 "migration_done",

@@ -18,3 +18,5 @@ rm -rf "$BUILD/context" && mkdir -p "$BUILD/context/wheels"
 python3 -m pip wheel --quiet --wheel-dir "$BUILD/context/wheels" .
 cp docker/Dockerfile "$BUILD/context/Dockerfile"
 docker build -t drover:local "$BUILD/context"
+# Prometheus for the compose file's `metrics` profile (docs/operations.md).
+docker build -t drover-prometheus:local -f docker/prometheus.Dockerfile docker

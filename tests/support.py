@@ -105,6 +105,7 @@ class Plane:
     channel: grpc.aio.Channel
     tmp: Path
     port: int
+    metrics_port: int = 0  # /metrics's, with metrics_address="127.0.0.1:0"
 
     def agent(self, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0) -> ScriptedAgent:
         return ScriptedAgent(self.agents, node, devices, jobs, nics, probe_port)
@@ -139,7 +140,7 @@ async def serve_plane(tmp: Path, **options):
     served = await start_server(str(tmp / "drover.db"), "127.0.0.1:0", emulation=True, **options)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{served.port}")
     jobs, agents = jobs_pb2_grpc.JobServiceStub(channel), agent_pb2_grpc.AgentServiceStub(channel)
-    plane = Plane(served.cp, jobs, agents, channel, tmp, served.port)
+    plane = Plane(served.cp, jobs, agents, channel, tmp, served.port, served.metrics_port)
 
     async def stop():
         await channel.close()

@@ -1,0 +1,72 @@
+"""Prometheus /metrics from a running cluster: the control plane and agents as
+processes, scraped as Prometheus would (the server's over TLS, checked
+against the cluster's CA) and parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import ssl
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from drover.cli.local_cluster import LocalCluster
+from drover.planner.ports import free_port_range
+from drover.v1 import jobs_pb2, state_pb2
+
+from support import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def scrape(address: str, ca=None) -> dict[str, list]:
+    """sample name (a counter's with _total) -> samples of the metrics at ADDRESS/metrics: https,
+    checked against the CA, when given one."""
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    url = f"{'https' if ca else 'http'}://{address}/metrics"
+    with urllib.request.urlopen(url, context=context, timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def value(samples, **labels) -> float | None:
+    found = [s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) <= 1, (labels, found)
+    return found[0] if found else None
+
+
+def test_metrics_show_the_straggler_and_the_plan_version(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 200\nseed: 0\n")
+    with LocalCluster(tmp_path, telemetry_interval_s=0.25, metrics_port=free_port_range(3)) as c:
+        job = c.submit(job_file, "out")
+        c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/0", rate=3.0, from_step=3))
+        # Adapted: a plan after the first committed, with the straggler's rate judged.
+        c.wait_until(lambda: c.job(job.id).committed_plan_version >= 2, 180, what="a plan for the straggler")
+        ca = c.certs / "ca.pem"
+        server = scrape(c.metrics["server"], ca)
+        now = c.job(job.id)
+        assert now.state == state_pb2.JOB_STATE_RUNNING
+        rates = server["drover_device_straggling_rate"]
+        assert 2.0 <= value(rates, job_id=job.id, node="node-1", device="node-1/0") <= 4.0
+        assert {s.labels["device"] for s in rates} == {"node-0/0", "node-0/1", "node-1/0", "node-1/1"}
+        # Pushed and committed as GetJob says (a newer one may have been pushed since: never fewer).
+        assert value(server["drover_job_plan_version"], job_id=job.id) >= now.plan_version >= 2
+        assert value(server["drover_job_committed_plan_version"], job_id=job.id) >= 2
+        assert value(server["drover_job_migrations_total"], job_id=job.id) >= 1
+        assert value(server["drover_job_migration_bytes_total"], job_id=job.id) > 0
+        assert value(server["drover_agents_connected"]) == 2
+        assert value(server["drover_job_samples_per_second"], job_id=job.id) > 0
+        assert value(server["drover_job_step"], job_id=job.id) >= now.step - 5
+        assert value(server["drover_telemetry_lag_seconds_count"]) > 0
+        agent = scrape(c.metrics["node-1"])
+        assert value(agent["drover_agent_connected"], node="node-1") == 1
+        assert value(agent["drover_agent_workers"], node="node-1", job_id=job.id) == 2
+        straggler = value(agent["drover_agent_device_compute_seconds_per_block"], job_id=job.id, device="node-1/0")
+        healthy = value(agent["drover_agent_device_compute_seconds_per_block"], job_id=job.id, device="node-1/1")
+        assert healthy > 0 and (straggler == 0 or straggler > healthy)  # left idle by the new plan, or slower
+        c.stub.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
