@@ -163,6 +163,7 @@ class Training:
     eval: Evaluation | None = None
     precision: str = "fp32"
     resume: str | None = None  # a checkpoint directory (or a directory of them: the newest)
+    tensorboard: bool = True  # training curves as TensorBoard event files in OUT/tensorboard
 
     def to_dict(self) -> dict:
         """The job-file mapping `training_from_job` reads back."""
@@ -178,10 +179,14 @@ class Training:
         d["precision"] = self.precision
         if self.resume:
             d["resume"] = self.resume
+        d["tensorboard"] = self.tensorboard
         return d
 
 
-TRAINING_KEYS = {"steps", "seed", "optimizer", "schedule", "data", "init", "checkpoint", "eval", "precision", "resume"}
+TRAINING_KEYS = {
+    *("steps", "seed", "optimizer", "schedule", "data", "init", "checkpoint", "eval", "precision", "resume"),
+    "tensorboard",
+}
 
 
 def relative_path(f: Fields, key: str, value=None) -> str:
@@ -215,6 +220,9 @@ def training_from_job(f: Fields) -> Training:
         if data == SYNTHETIC:
             raise f.error("eval", e.data, "only with data: DIR (token shards with a validation split)")
         evaluation = Evaluation(e.integer("every_steps"), e.integer("samples", 64, maximum=1 << 20))
+    tensorboard = f.get("tensorboard", True)
+    if not isinstance(tensorboard, bool):
+        raise f.error("tensorboard", tensorboard, "true or false")
     precision = f.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise f.error("precision", precision, f"one of {', '.join(PRECISIONS)}")
@@ -229,4 +237,5 @@ def training_from_job(f: Fields) -> Training:
         eval=evaluation,
         precision=precision,
         resume=relative_path(f, "resume") if "resume" in f.data else None,
+        tensorboard=tensorboard,
     )

@@ -40,6 +40,7 @@ from drover.planner.training import Training, lr_at
 from . import layout
 from .checkpoint import complete_checkpoints, find_checkpoint, load_checkpoint, model_meta, save_checkpoint, save_model
 from .checkpoint import read_meta as read_checkpoint_meta
+from .curves import Curves
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
 from .links import bound_to, enter_namespace, interface_for, network_layout
@@ -146,6 +147,7 @@ class Worker:
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
         self.outputs: dict[str, object] = {}
+        self.curves = Curves(args.out_dir, self.training.tensorboard)  # rank 0's TensorBoard files
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
         # Named by device, not rank: ranks change when the world shrinks or grows.
         self.telemetry = open(telemetry_file(Path(args.out_dir), self.device_id, "jsonl"), "a")
@@ -176,6 +178,7 @@ class Worker:
             # sockets, alive, and peers blocked on them would never learn the world is gone.
             self._recover()
         self.telemetry.close()
+        self.curves.close()
         out = Path(self.args.out_dir)
         save_model(out, self.rank, self.world, self.roles.get(self.rank), self.parts, self.spec.layers, self.spec)
 
@@ -224,9 +227,11 @@ class Worker:
                 "wall_start": wall_start,
                 "wall_end": time.time(),
             }
+            row |= {"grad_norm": grad_norm} if grad_norm is not None else {}
             trace = self._output("trace.jsonl")
-            trace.write(json.dumps(row | ({"grad_norm": grad_norm} if grad_norm is not None else {})) + "\n")
+            trace.write(json.dumps(row) + "\n")
             trace.flush()
+            self.curves.step(row)
         self.telemetry.write(json.dumps({"device": self.device_id, **stats.to_dict(step, self.version)}) + "\n")
         self.telemetry.flush()
         done = step + 1
@@ -354,6 +359,7 @@ class Worker:
             out.write(json.dumps({"step": done, "val_loss": loss.item(), "samples": batches * self.spec.global_batch}))
             out.write("\n")
             out.flush()
+            self.curves.evaluation(done, loss.item())
 
     def _checkpoint(self, done: int) -> None:
         meta = {"model": model_meta(self.spec), "training": self.training.to_dict(), "plan": self.plan.to_dict()}

@@ -159,3 +159,32 @@ def test_checkpoint_and_restart_continues_exactly(spec, reference, tmp_path):
     for key in want:
         assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
     assert losses(tmp_path / "a") + losses(tmp_path / "b") == pytest.approx(losses(reference), rel=1e-5)
+
+
+def curves(out) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars in OUT/tensorboard, as TensorBoard reads them (purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_training_curves_are_written_for_tensorboard_and_a_rerun_replaces_them(spec, tmp_path):
+    train_workers(spec, 4, [(0, DP2_PP2)], tmp_path, Training(3, SEED + 1))  # an earlier run in the same out dir
+    train_workers(spec, 4, [(0, DP2_PP2), (2, MIXED_TP)], tmp_path, Training(STEPS, SEED))
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    got = curves(tmp_path)
+    assert got["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in rows]  # this run's only
+    assert got["plan/version"] == [(r["step"], r["plan_version"]) for r in rows]
+    assert [v for _, v in got["plan/version"]] == [1, 1, 2, 2, 2]
+    assert [s for s, _ in got["train/samples_per_s"]] == list(range(STEPS))
+    assert {"train/lr", "train/step_time_s"} <= set(got)
+
+
+def test_tensorboard_false_writes_no_curves(spec, tmp_path):
+    train_workers(
+        spec, 2, [(0, local_plan((8, [([0], (0, 4))]), removed=[1]))], tmp_path, Training(2, SEED, tensorboard=False)
+    )
+    assert not (tmp_path / "tensorboard").exists()
+    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2
