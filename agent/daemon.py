@@ -23,6 +23,7 @@ from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery, probe
+from .logs import MAX_READERS, send_logs
 from .metrics import registry_of
 from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
@@ -83,6 +84,8 @@ class Agent:
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
         self._probing: set[asyncio.Task] = set()
+        self._log_readers: dict[str, asyncio.Task] = {}  # request id -> the task sending those logs
+        self._outbox: asyncio.Queue | None = None  # the current stream's
         self.metrics_address = metrics_address
         self.connected, self.connections = False, 0  # the stream's state, for /metrics
         self.nic_rates: list[agent_pb2.NicSample] = []  # the newest NIC rates
@@ -125,6 +128,7 @@ class Agent:
         async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             outbox: asyncio.Queue = asyncio.Queue()
+            self._outbox = outbox
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
             self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
 
@@ -142,6 +146,8 @@ class Agent:
             finally:
                 self.connected = False
                 ticker.cancel()
+                for reader in self._log_readers.values():  # their requests ended with the stream
+                    reader.cancel()
         raise ConnectionError("stream ended")
 
     def _hello(self) -> agent_pb2.Hello:
@@ -248,10 +254,34 @@ class Agent:
                 task = asyncio.get_running_loop().create_task(self._probe(command.probe_links))
                 self._probing.add(task)
                 task.add_done_callback(self._probing.discard)
+            elif command.WhichOneof("body") == "read_logs":
+                self._read_logs(command.read_logs)
+            elif command.WhichOneof("body") == "stop_logs":
+                reader = self._log_readers.get(command.stop_logs.request_id)
+                if reader is not None:
+                    reader.cancel()
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
                     workers.stop()
+
+    def _read_logs(self, request: agent_pb2.ReadLogs) -> None:
+        outbox = self._outbox
+
+        def running() -> bool:
+            workers = self.jobs.get(request.job_id)
+            return workers is not None and workers.state()[0] == "running"
+
+        if len(self._log_readers) >= MAX_READERS or request.request_id in self._log_readers:
+            note = f"{len(self._log_readers)} log requests are being served on {self.node}, the most at once"
+            chunk = agent_pb2.LogChunk(request_id=request.request_id, end=True, note=note)
+            outbox.put_nowait(agent_pb2.AgentMessage(log_chunk=chunk))
+            return
+        task = asyncio.get_running_loop().create_task(
+            send_logs(self.work_dir, self.node, request, outbox.put_nowait, running)
+        )
+        self._log_readers[request.request_id] = task
+        task.add_done_callback(lambda _: self._log_readers.pop(request.request_id, None))
 
     async def _probe(self, command: agent_pb2.ProbeLinks) -> None:
         """Each target in turn (probes at once would share the links they measure)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from drover.planner.model import ModelSpec, model_from_dict
@@ -13,12 +12,11 @@ from drover.planner.plan import Plan
 from drover.planner.spec_io import Fields
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
+from .logs import JOB_ID, log_file
 from .runtime.custom import check_counts
 from .runtime.inputs import inside, open_inputs
 from .runtime.launch import pace, worker_context
 from .runtime.worker import WorkerArgs, new_lines, telemetry_file, worker_main
-
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Training]:
@@ -120,7 +118,7 @@ class JobWorkers:
         if not JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
         self.inbox = inside(inbox_root, job_id)
-        self.inbox.mkdir(parents=True, exist_ok=True)
+        (self.inbox / "logs").mkdir(parents=True, exist_ok=True)
         (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
@@ -155,6 +153,7 @@ class JobWorkers:
                 ranks=ranks,
                 inbox=str(self.inbox),
                 joining=joining,
+                log_file=str(log_file(self.inbox, device)),
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
             proc.start()

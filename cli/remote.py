@@ -168,6 +168,39 @@ def _follow(stub, job_id: str, as_json: bool) -> None:
         click.echo(progress_line(job.progress, job.steps))
 
 
+@job.command("logs")
+@click.argument("job_id")
+@click.option("--node", default="", help="Only this node's workers.")
+@click.option("--worker", "device", default="", metavar="DEVICE", help="Only this device's worker, e.g. node-1/0.")
+@click.option("--follow", "-f", is_flag=True, help="Then print new output as it comes, until the job ends.")
+@click.option(
+    "--tail",
+    "tail_bytes",
+    type=click.IntRange(min=1, max=16 * 1024 * 1024),
+    default=1024 * 1024,
+    show_default=True,
+    help="Bytes from the end of each worker's log.",
+)
+@control_plane_option
+def job_logs(job_id: str, node: str, device: str, follow: bool, tail_bytes: int, address: str) -> None:
+    """Print the stdout and stderr of the job's workers, read from the agents that ran them, each
+    line prefixed with its device. Needs an operator token."""
+    request = jobs_pb2.StreamLogsRequest(job_id=job_id, node=node, device=device, tail_bytes=tail_bytes, follow=follow)
+    partial: dict[str, str] = {}  # device -> a line not yet ended
+    for lines in connect(address).StreamLogs(request):
+        if lines.unavailable:
+            click.echo(f"[{lines.node}] {lines.unavailable}", err=True)
+            continue
+        text = partial.pop(lines.device, "") + lines.data.decode(errors="replace")
+        *whole, rest = text.split("\n")
+        for line in whole:
+            click.echo(f"[{lines.device}] {line}")
+        if rest:
+            partial[lines.device] = rest
+    for device_id, rest in partial.items():
+        click.echo(f"[{device_id}] {rest}")
+
+
 @job.command("cancel")
 @click.argument("job_id")
 @control_plane_option

@@ -35,6 +35,8 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from .controller import REPLACED, TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
 from .limits import RateLimiter, ResourceExhausted
+from .logs import MAX_OPEN, MAX_TAIL_BYTES
+from .logs import stream as stream_logs
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
 
 log = logging.getLogger("drover.server")
@@ -58,6 +60,7 @@ ROLE_OF = {
     "QueryTelemetry": "reader",
     "SubmitJob": "operator",
     "CancelJob": "operator",
+    "StreamLogs": "operator",  # workers' output can hold what readers should not see
     "Replan": "operator",
     "DrainNode": "operator",
     "UndrainNode": "operator",
@@ -220,6 +223,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 await self.cp.telemetry(node, message.telemetry)
             elif kind == "status":
                 await self.cp.status(node, message.status)
+            elif kind == "log_chunk":
+                self.cp.logs.deliver(node, message.log_chunk)
 
 
 def _peer_host(peer: str) -> str:
@@ -336,6 +341,34 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             if job.state in TERMINAL and not await events_after(last):
                 return
             await self.cp.next_events()
+
+    async def StreamLogs(self, request, context):
+        job = await self.read(lambda s: queries.get_job(s, request.job_id))
+        ranks = json.loads(job.ranks_json)
+        running = self.cp.jobs.get(job.id)
+        nodes = sorted({d.split("/")[0] for d in ranks} | (running.former_nodes if running else set()))
+        if request.node:
+            if request.node not in nodes:
+                raise InvalidArgument(f"node = {request.node[:80]!r}: {job.id} ran on {', '.join(nodes)}")
+            nodes = [request.node]
+        if request.device:
+            node = request.device.split("/")[0]
+            if node not in nodes or (request.node and node != request.node):
+                where = ", ".join(nodes)
+                raise InvalidArgument(f"device = {request.device[:80]!r}: not a device of {job.id} on {where}")
+            nodes = [node]
+        if request.tail_bytes > MAX_TAIL_BYTES:
+            raise InvalidArgument(f"tail_bytes = {request.tail_bytes}: at most {MAX_TAIL_BYTES}")
+        if len(self.cp.logs.requests) >= MAX_OPEN:
+            raise ResourceExhausted(f"{MAX_OPEN} log readers are open, the most this server serves; ask again later")
+        ask = agent_pb2.ReadLogs(
+            job_id=job.id,
+            devices=[request.device] if request.device else [],
+            tail_bytes=request.tail_bytes,
+            follow=request.follow,
+        )
+        async for lines in stream_logs(self.cp.logs, self.cp.outboxes, nodes, ask):
+            yield lines
 
     async def GetPlan(self, request, context):
         return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))

@@ -37,6 +37,7 @@ from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
 from .jobfile import JobSpec, job_from_wire
+from .logs import LogRouter
 from .metrics import PlaneMetrics, lag_of
 from .validation import (
     FailedPrecondition,
@@ -145,6 +146,7 @@ class ControlPlane:
         self._saved_progress: dict[str, dict | None] = {}  # job -> progress last written
         self.new_events = asyncio.Event()  # set when an event is stored; watchers wait on it
         self.metrics = PlaneMetrics()
+        self.logs = LogRouter()  # workers' logs on their way from agents to `drover job logs`
 
     # -- start-up and background work ---------------------------------------------
 
@@ -260,6 +262,7 @@ class ControlPlane:
         replaced = self.outboxes.get(hello.node)
         if replaced is not None:
             replaced.put_nowait(REPLACED)  # one stream a node: the older one ends
+            self.logs.node_gone(hello.node)  # log requests sent down the older stream end with it
         self.hosts[hello.node] = host
         self.outboxes[hello.node] = queue
         if hello.node in self._lost:
@@ -298,6 +301,7 @@ class ControlPlane:
             return
         del self.outboxes[node]
         log.info("node %s disconnected", node)
+        self.logs.node_gone(node)
         # Before any await: this runs in the finally of a stream's task that gRPC may cancel again,
         # and a node never expected back would never be found lost.
         if any(node in j.nodes for j in self.jobs.values()):

@@ -19,7 +19,8 @@ from .jobfile import MAX_JOB_BYTES
 
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 MAX_STRING = 128  # ids and names
-MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096}  # longer texts, by field name
+MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096, "note": 1024}  # longer texts, by name
+MAX_BYTES = 64 * 1024  # a bytes field: a piece of a worker's log
 MAX_ITEMS = 1024  # devices of a node, samples of a message
 MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256}
 MAX_NUMBER = 1e12  # seconds since the epoch, bytes per second: all well below
@@ -76,6 +77,9 @@ def _check_value(field, value, where: str) -> None:
         limit = MAX_STRINGS.get(field.name, MAX_STRING)
         if len(value) > limit:
             raise InvalidArgument(f"{where} = {quote(value)}: at most {limit} characters")
+    elif field.type == FieldDescriptor.TYPE_BYTES:
+        if len(value) > MAX_BYTES:
+            raise InvalidArgument(f"{where}: {len(value)} bytes, at most {MAX_BYTES}")
     elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         if field.name in DIVERGES and (math.isnan(value) or value == math.inf):
             return  # a diverged run's loss is news to report, not bad input

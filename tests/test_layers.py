@@ -22,6 +22,7 @@ FOLDERS = {
     "drover.v1": ROOT / "protos" / "drover" / "v1",
     "drover.planner": ROOT / "planner",
     "drover.storage": ROOT / "storage",
+    "drover.metrics": ROOT / "metrics",
     "drover.control_plane": ROOT / "control_plane",
     "drover.agent": ROOT / "agent",
     "drover.cli": ROOT / "cli",
@@ -31,15 +32,20 @@ ALLOWED = {
     "drover.v1": set(),
     "drover.planner": {"drover.v1"},
     "drover.storage": set(),
-    "drover.control_plane": {"drover.v1", "drover.planner", "drover.storage"},
-    "drover.agent": {"drover.v1", "drover.planner"},
-    "drover.cli": {"drover.v1", "drover.planner", "drover.storage", "drover.control_plane", "drover.agent"},
+    "drover.metrics": set(),
+    "drover.control_plane": {"drover.v1", "drover.planner", "drover.storage", "drover.metrics"},
+    "drover.agent": {"drover.v1", "drover.planner", "drover.metrics"},
+    "drover.cli": {
+        *("drover.v1", "drover.planner", "drover.storage", "drover.metrics", "drover.control_plane"),
+        "drover.agent",
+    },
 }
 # package -> third-party modules it must not import: the planner stays pure, the control
 # plane never loads torch, the agent never opens the database.
 FORBIDDEN_EXTERNAL = {
     "drover.planner": {"torch", "grpc", "sqlalchemy", "asyncio"},
     "drover.storage": {"torch", "grpc"},
+    "drover.metrics": {"torch", "grpc", "sqlalchemy"},
     "drover.control_plane": {"torch"},
     "drover.agent": {"sqlalchemy"},
 }

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ class WorkerArgs:
     # A job growing onto this device: (the world's generation, the version of plans[0] in it, the
     # plan the job's workers hold and their ranks before it). It joins and receives its parts.
     joining: tuple[int, int, Plan, dict[str, int]] | None = None
+    log_file: str = ""  # stdout and stderr go here (an agent's workers: agent/logs.py); "": inherited
 
 
 class Worker:
@@ -542,7 +544,20 @@ def torch_device_of(args: WorkerArgs) -> torch.device:
     return torch.device("cuda", index % torch.cuda.device_count())
 
 
+def capture_output(path: str) -> None:
+    """This process's stdout and stderr, file descriptors included (C++ warnings, a traceback on
+    the way out), appended to `path`, a line at a time."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+
+
 def worker_main(args: WorkerArgs) -> None:
+    if args.log_file:
+        capture_output(args.log_file)
     if args.netns:
         enter_namespace(args.netns)
     os.environ.update(args.env or {})

@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "telemetry", "status")
+    __slots__ = ("hello", "telemetry", "status", "log_chunk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     telemetry: Telemetry
     status: JobStatus
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+    log_chunk: LogChunk
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
     __slots__ = ("start_job", "plan", "command", "recover")
@@ -236,16 +238,54 @@ class PlanUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links")
+    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links", "read_logs", "stop_logs")
     STRAGGLE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PROBE_LINKS_FIELD_NUMBER: _ClassVar[int]
+    READ_LOGS_FIELD_NUMBER: _ClassVar[int]
+    STOP_LOGS_FIELD_NUMBER: _ClassVar[int]
     straggle: Straggle
     cancel: CancelJob
     stop_workers: StopWorkers
     probe_links: ProbeLinks
-    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ...) -> None: ...
+    read_logs: ReadLogs
+    stop_logs: StopLogs
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ..., read_logs: _Optional[_Union[ReadLogs, _Mapping]] = ..., stop_logs: _Optional[_Union[StopLogs, _Mapping]] = ...) -> None: ...
+
+class ReadLogs(_message.Message):
+    __slots__ = ("request_id", "job_id", "devices", "tail_bytes", "follow")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    job_id: str
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    tail_bytes: int
+    follow: bool
+    def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., tail_bytes: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class StopLogs(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("request_id", "device", "data", "end", "note")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    device: str
+    data: bytes
+    end: bool
+    note: str
+    def __init__(self, request_id: _Optional[str] = ..., device: _Optional[str] = ..., data: _Optional[bytes] = ..., end: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ProbeLinks(_message.Message):
     __slots__ = ("job_id", "targets")

@@ -92,6 +92,32 @@ class WatchEventsRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class StreamLogsRequest(_message.Message):
+    __slots__ = ("job_id", "node", "device", "tail_bytes", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    node: str
+    device: str
+    tail_bytes: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., device: _Optional[str] = ..., tail_bytes: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogLines(_message.Message):
+    __slots__ = ("node", "device", "data", "unavailable")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    device: str
+    data: bytes
+    unavailable: str
+    def __init__(self, node: _Optional[str] = ..., device: _Optional[str] = ..., data: _Optional[bytes] = ..., unavailable: _Optional[str] = ...) -> None: ...
+
 class PlanRecord(_message.Message):
     __slots__ = ("job_id", "version", "reason", "committed", "created", "plan")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -99,6 +99,11 @@ class JobServiceStub:
                 request_serializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.FromString,
                 _registered_method=True)
+        self.StreamLogs = channel.unary_stream(
+                '/drover.v1.JobService/StreamLogs',
+                request_serializer=drover_dot_v1_dot_jobs__pb2.StreamLogsRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_jobs__pb2.LogLines.FromString,
+                _registered_method=True)
         self.Straggle = channel.unary_unary(
                 '/drover.v1.JobService/Straggle',
                 request_serializer=drover_dot_v1_dot_jobs__pb2.StraggleRequest.SerializeToString,
@@ -189,6 +194,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamLogs(self, request, context):
+        """Workers' stdout and stderr, read from the agents that ran them through
+        their streams: the tail of each log, then, with follow, new output until
+        the job ends. Operators only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Straggle(self, request, context):
         """Emulation only: make a device slow through its agent.
         """
@@ -263,6 +277,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.QueryTelemetry,
                     request_deserializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.FromString,
                     response_serializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.SerializeToString,
+            ),
+            'StreamLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamLogs,
+                    request_deserializer=drover_dot_v1_dot_jobs__pb2.StreamLogsRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_jobs__pb2.LogLines.SerializeToString,
             ),
             'Straggle': grpc.unary_unary_rpc_method_handler(
                     servicer.Straggle,
@@ -621,6 +640,33 @@ class JobService:
             '/drover.v1.JobService/QueryTelemetry',
             drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.SerializeToString,
             drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/drover.v1.JobService/StreamLogs',
+            drover_dot_v1_dot_jobs__pb2.StreamLogsRequest.SerializeToString,
+            drover_dot_v1_dot_jobs__pb2.LogLines.FromString,
             options,
             channel_credentials,
             insecure,
