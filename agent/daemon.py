@@ -19,7 +19,7 @@ import grpc
 
 from drover.metrics import serve as serve_metrics
 from drover.planner.cluster import Cluster
-from drover.planner.wire import STREAM_OPTIONS, job_state, plan_from_proto
+from drover.planner.wire import STREAM_OPTIONS, host_port, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery, probe
@@ -59,10 +59,15 @@ class Agent:
         model_modules: tuple[str, ...] = (),
         emulate: Cluster | None = None,
         metrics_address: str | None = None,
+        advertise_address: str = "",
+        probe_port: int = 0,
     ):
         """emulate: this node is node NODE of an emulated cluster: paced devices and NICs as
         the cluster file gives them (discovery.emulated), not what the machine has.
-        metrics_address: HOST:PORT to serve Prometheus metrics at (agent/metrics.py), plain HTTP."""
+        metrics_address: HOST:PORT to serve Prometheus metrics at (agent/metrics.py), plain HTTP.
+        advertise_address: the IP address this node's workers are reached at, when it is not
+        the one the agent connects to the control plane from. probe_port: the link-probe
+        responder's TCP port (0: any free one)."""
         self.address, self.node, self.interval_s = control_plane, node, interval_s
         if emulate is not None:
             self.devices, self.nics = discovery.emulated(emulate, node)
@@ -72,7 +77,7 @@ class Agent:
         else:
             self.devices = discovery.devices(node, cpu_devices)
             self.nics = discovery.with_addresses(discovery.nics())
-        self.probe_port = 0  # the link-probe responder's, once it runs
+        self.probe_port = probe_port  # the link-probe responder's (once it runs, the one it got)
         self._links: dict[str, list] = {}  # job -> LinkSamples measured, for its next telemetry
         self.work_dir = Path(work_dir)
         self.data_root = Path(data_root)  # every job's output lies inside it
@@ -86,7 +91,7 @@ class Agent:
         self._probing: set[asyncio.Task] = set()
         self._log_readers: dict[str, asyncio.Task] = {}  # request id -> the task sending those logs
         self._outbox: asyncio.Queue | None = None  # the current stream's
-        self.metrics_address = metrics_address
+        self.metrics_address, self.advertise_address = metrics_address, advertise_address
         self.connected, self.connections = False, 0  # the stream's state, for /metrics
         self.nic_rates: list[agent_pb2.NicSample] = []  # the newest NIC rates
         self.probed: dict[tuple[str, str], float] = {}  # (nic, peer) -> newest probe's Gbps
@@ -96,7 +101,7 @@ class Agent:
         """Until cancelled; the workers are stopped on the way out."""
         backoff = 0.2
         metrics_http = self._serve_metrics() if self.metrics_address else None
-        server, self.probe_port = await probe.serve()
+        server, self.probe_port = await probe.serve(self.probe_port)
         try:
             while True:
                 try:
@@ -104,7 +109,11 @@ class Agent:
                     backoff = 0.2
                 except (grpc.aio.AioRpcError, ConnectionError) as exc:
                     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                    log.warning("control plane %s: %s; retrying in %.1fs", self.address, code or exc, backoff)
+                    log.warning(
+                        "control plane %s: %s; retrying in %.1fs",
+                        *(self.address, code or exc, backoff),
+                        extra={"event": "disconnected", "code": str(code or exc)},
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         finally:
@@ -142,6 +151,7 @@ class Agent:
                 async for message in call:
                     if not self.connected:  # the control plane answered: the stream is up
                         self.connected, self.connections = True, self.connections + 1
+                        log.info("connected to the control plane at %s", self.address, extra={"event": "connected"})
                     self._apply(message)
             finally:
                 self.connected = False
@@ -162,6 +172,7 @@ class Agent:
             ],
             nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps, address=n.address) for n in self.nics],
             probe_port=self.probe_port,
+            advertise_address=self.advertise_address,
             jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()],
         )  # ended ones too: level-triggered
 
@@ -191,7 +202,7 @@ class Agent:
                     start.seed,
                     start.world_size,
                     dict(start.ranks),
-                    f"tcp://{start.master_addr}:{start.master_port}",
+                    f"tcp://{host_port(start.master_addr, start.master_port)}",
                     plan_from_proto(start.plan, "start_job.plan"),
                     inside(self.data_root, start.out_dir),
                     self.node,
@@ -219,7 +230,7 @@ class Agent:
             if workers is not None:
                 world = {
                     "generation": recover.generation,
-                    "init_method": f"tcp://{recover.master_addr}:{recover.master_port}",
+                    "init_method": f"tcp://{host_port(recover.master_addr, recover.master_port)}",
                     "ranks": dict(recover.ranks),
                     "plan_version": recover.plan_version,
                     "plan": plan_from_proto(recover.plan, "recover.plan").to_dict(),

@@ -1,6 +1,6 @@
 """Workers' logs on this node, and sending them up the agent stream.
 
-Each worker's stdout and stderr go to WORK_DIR/JOB/logs/DEVICE.log (the
+Each worker's stdout and stderr go to WORK_DIR/NODE/JOB/logs/DEVICE.log (the
 worker redirects its file descriptors at start, so a traceback, a print in a
 user's model and torch's own warnings all land there). `drover job logs`
 asks the control plane, which sends ReadLogs to the agents that ran the job;

@@ -22,10 +22,11 @@ TIMEOUT_S = 30.0
 _ANSWERING = asyncio.Semaphore(4)  # probes answered at once; more are turned away
 
 
-async def serve() -> tuple[asyncio.AbstractServer, int]:
-    """The probe responder, on every IPv4 interface (the addresses agents report); (server, its
-    port). One socket: on every address family at port 0, each would get a port of its own."""
-    server = await asyncio.start_server(_answer, host="0.0.0.0", port=0)
+async def serve(port: int = 0) -> tuple[asyncio.AbstractServer, int]:
+    """The probe responder, on every IPv4 interface (the addresses agents report), at `port`
+    (0: any free one); (server, its port). One socket: on every address family at port 0, each
+    would get a port of its own."""
+    server = await asyncio.start_server(_answer, host="0.0.0.0", port=port)
     return server, server.sockets[0].getsockname()[1]
 
 

@@ -21,6 +21,7 @@ from drover.storage.db import StoreError
 
 from . import daemons, data, offline, remote, up
 from .local_cluster import LocalClusterError
+from .options import environment_for_every_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,6 +52,7 @@ for command in (
 # `drover plan` plans offline; its subcommands read a running job's plans.
 offline.plan.add_command(remote.plan_show)
 offline.plan.add_command(remote.plan_history)
+environment_for_every_option(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

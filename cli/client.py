@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from drover.control_plane.jobfile import read_job_file
 from drover.planner.wire import is_loopback
@@ -71,9 +72,36 @@ def all_pages(method, request, field: str):
 
 
 def to_dict(message) -> dict:
-    return json_format.MessageToDict(
+    """The message as JSON's types: proto3's JSON mapping writes 64-bit integers as strings
+    (for JavaScript); a script reading `--json` gets numbers."""
+    data = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    return _numbers(message.DESCRIPTOR, data)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64}
+_INT64 |= {FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def _numbers(descriptor, data: dict) -> dict:
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            inner = field.message_type.fields_by_name["value"]
+            if inner.type in _INT64:
+                data[field.name] = {k: int(v) for k, v in value.items()}
+            elif inner.message_type is not None:
+                data[field.name] = {k: _numbers(inner.message_type, v) for k, v in value.items()}
+        elif field.message_type is not None and field.message_type.full_name.startswith("drover."):
+            items = value if field.is_repeated else [value]
+            for item in items:
+                _numbers(field.message_type, item)
+        elif field.type in _INT64:
+            data[field.name] = [int(v) for v in value] if field.is_repeated else int(value)
+    return data
 
 
 def to_json(message) -> str:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
+import json
 import logging
 import os
 import signal
@@ -66,8 +69,52 @@ def run_until_stopped(main) -> None:
     asyncio.run(guarded())
 
 
-def _log_to_stderr() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and what the call gave as `extra`
+    (event, node, job_id, step, details...), for a log shipper to index."""
+
+    PLAIN = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        line = {
+            "time": when.isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line |= {k: v for k, v in vars(record).items() if k not in self.PLAIN}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def log_options(command):
+    """--log-format and --log-level, for the daemons."""
+    command = click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+        envvar="DROVER_LOG_LEVEL",
+    )(command)
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        envvar="DROVER_LOG_FORMAT",
+        help="json: one object a line, with the event's fields (agent_connected, job_started, plan_pushed...).",
+    )(command)
+
+
+def _log_to_stderr(log_format: str = "text", log_level: str = "info") -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
 
 
 def detector_options(command):
@@ -121,6 +168,7 @@ def detector_options(command):
 )
 @click.option("--emulation", is_flag=True, envvar="DROVER_EMULATION", help="Allow `drover straggle` (admin only).")
 @click.option("--new-db", is_flag=True, help="Start empty where a database this server used has gone missing.")
+@log_options
 @detector_options
 def server(
     db: str,
@@ -131,6 +179,8 @@ def server(
     metrics_address: str | None,
     emulation: bool,
     new_db: bool,
+    log_format: str,
+    log_level: str,
     **settings,
 ) -> None:
     """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
@@ -144,7 +194,7 @@ def server(
         detector = DetectorSettings(**settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    _log_to_stderr()
+    _log_to_stderr(log_format, log_level)
     run_until_stopped(
         serve(
             db,
@@ -219,6 +269,21 @@ def server(
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (plain HTTP: bind it where only your "
     "Prometheus reaches). Off by default.",
 )
+@click.option(
+    "--probe-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="TCP port for other agents' link probes (0: any free one); fix it to open it in a firewall.",
+)
+@click.option(
+    "--advertise-addr",
+    "advertise_address",
+    default="",
+    metavar="IP",
+    help="The address this node's workers are reached at by other nodes, when it is not the one the agent "
+    "connects to the control plane from (NAT, a separate management network).",
+)
+@log_options
 def agent(
     address: str,
     tls_dir: str | None,
@@ -231,6 +296,10 @@ def agent(
     emulate_file: str | None,
     model_modules: str,
     metrics_address: str | None,
+    log_format: str,
+    log_level: str,
+    advertise_address: str,
+    probe_port: int,
 ) -> None:
     """Run a node agent: discover devices and NICs, stream telemetry, run workers."""
     from drover.agent.daemon import Agent
@@ -239,7 +308,7 @@ def agent(
         raise click.UsageError("give --tls-dir DIR (with this node's certificate) or --insecure (loopback only)")
     if insecure and not is_loopback(address):
         raise click.UsageError(f"--insecure reaches a loopback control plane only, not {address}")
-    _log_to_stderr()
+    _log_to_stderr(log_format, log_level)
     emulate = None
     if emulate_file:
         from drover.planner.cluster import load_cluster
@@ -257,7 +326,16 @@ def agent(
         except MetricsError as exc:
             raise click.BadParameter(str(exc), param_hint="--metrics") from None
     work = f"{work_dir}/{node}"
-    agent = Agent(address, node, cpu_devices, interval, work, data_root, tls_dir, modules, emulate, metrics_address)
+    if advertise_address:
+        try:
+            ipaddress.ip_address(advertise_address)
+        except ValueError:
+            raise click.BadParameter(f"{advertise_address!r}: an IP address", param_hint="--advertise-addr") from None
+    agent = Agent(
+        *(address, node, cpu_devices, interval, work, data_root, tls_dir, modules, emulate, metrics_address),
+        advertise_address,
+        probe_port,
+    )
     run_until_stopped(agent.run_forever())
 
 

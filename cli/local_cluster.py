@@ -49,6 +49,7 @@ class LocalCluster:
         emulate: Path | None = None,
         network=None,
         metrics_port: int = 0,
+        log_format: str = "text",
     ):
         """model_modules and python_path: what custom models' entry points import, and the
         folders they are imported from (cli/models.py's ModelReader found both). emulate: a
@@ -57,7 +58,7 @@ class LocalCluster:
         namespace and reaches the control plane over the emulated Ethernet. metrics_port: serve
         Prometheus metrics, the server's at 127.0.0.1:PORT and each agent's at the next ports
         in node order (none for agents in network namespaces); `metrics` maps "server" and
-        each node to its address."""
+        each node to its address. log_format: the daemons' --log-format (text or json)."""
         self.network = network
         self.work_dir = Path(work_dir)
         self.emulate = Path(emulate).resolve() if emulate else None
@@ -81,6 +82,7 @@ class LocalCluster:
             shutil.rmtree(self.certs)
         self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
         self.metrics: dict[str, str] = {}
+        self.log_format = log_format
         if metrics_port:
             self.metrics["server"] = f"127.0.0.1:{metrics_port}"
             if network is None:
@@ -183,6 +185,8 @@ class LocalCluster:
                 "--tls-dir",
                 str(self.certs),
                 "--emulation",
+                "--log-format",
+                self.log_format,
                 *(["--metrics", self.metrics["server"]] if "server" in self.metrics else []),
             ],
             "server.log",
@@ -210,7 +214,7 @@ class LocalCluster:
             args += ["--emulate", str(self.emulate)]
         else:
             args += ["--cpu-devices", str(self.devices_per_node)]
-        args += ["--interval", str(self.telemetry_interval_s)]
+        args += ["--interval", str(self.telemetry_interval_s), "--log-format", self.log_format]
         if name in self.metrics:
             args += ["--metrics", self.metrics[name]]
         args += ["--work-dir", str(self.work_dir / "agents"), "--data-root", str(self.data_root)]

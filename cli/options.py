@@ -78,3 +78,17 @@ def parse_slowdowns(values, param, example: str, default_step: int | None = None
             raise click.BadParameter(f"{value!r}: RATE must be >= 1 and STEP >= 0", param=param)
         out.append((device, rate_f, step_i))
     return out
+
+
+def environment_for_every_option(command: click.Command, prefix: str = "DROVER") -> None:
+    """Every option of `command` and its subcommands reads an environment variable, shown in
+    --help: its own where it names one (DROVER_CONTROL_PLANE, shared by many commands), else
+    DROVER_<COMMAND PATH>_<OPTION> (drover job submit --out: DROVER_JOB_SUBMIT_OUT)."""
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name not in ("help", "version"):
+            if param.envvar is None:
+                flag = max(param.opts, key=len).lstrip("-").replace("-", "_")
+                param.envvar = f"{prefix}_{flag}".upper()
+            param.show_envvar = True
+    for name, sub in getattr(command, "commands", {}).items():
+        environment_for_every_option(sub, f"{prefix}_{name.replace('-', '_')}")

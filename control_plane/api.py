@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -228,10 +229,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
 
 def _peer_host(peer: str) -> str:
-    """'ipv4:10.0.0.5:41234' -> '10.0.0.5'; '[::1]' and unknown forms fall back to loopback."""
+    """gRPC's peer string as the address the agent connects from: 'ipv4:10.0.0.5:41234' ->
+    '10.0.0.5', 'ipv6:[2001:db8::5]:41234' -> '2001:db8::5'; a Unix socket or anything
+    else is this machine."""
     kind, _, rest = peer.partition(":")
     if kind == "ipv4":
         return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return unquote(rest.rsplit(":", 1)[0]).strip("[]")
     return "127.0.0.1"
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from drover.planner import Plan, evaluate, make_plan, plan_from_dict
 from drover.planner.ports import free_port
-from drover.planner.wire import job_state_name, plan_to_proto
+from drover.planner.wire import is_loopback_host, job_state_name, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store
 from drover.storage.models import Job, NicSample, TelemetrySample
@@ -263,7 +263,7 @@ class ControlPlane:
         if replaced is not None:
             replaced.put_nowait(REPLACED)  # one stream a node: the older one ends
             self.logs.node_gone(hello.node)  # log requests sent down the older stream end with it
-        self.hosts[hello.node] = host
+        self.hosts[hello.node] = hello.advertise_address or host
         self.outboxes[hello.node] = queue
         if hello.node in self._lost:
             self._lost.pop(hello.node).cancel()
@@ -293,6 +293,11 @@ class ControlPlane:
         except BaseException:
             await self.disconnected(hello.node, queue)  # the stream ends here: nothing of it stays
             raise
+        log.info(
+            "agent %s connected from %s (workers at %s): %d devices, %d NICs, %d jobs",
+            *(hello.node, host, self.hosts[hello.node], len(hello.devices), len(hello.nics), len(hello.jobs)),
+            extra={"event": "agent_connected", "node": hello.node, "host": host, "advertised": self.hosts[hello.node]},
+        )
         return queue
 
     async def disconnected(self, node: str, queue: asyncio.Queue) -> None:
@@ -300,7 +305,7 @@ class ControlPlane:
         if self.outboxes.get(node) is not queue:
             return
         del self.outboxes[node]
-        log.info("node %s disconnected", node)
+        log.info("agent %s disconnected", node, extra={"event": "agent_disconnected", "node": node})
         self.logs.node_gone(node)
         # Before any await: this runs in the finally of a stream's task that gRPC may cancel again,
         # and a node never expected back would never be found lost.
@@ -318,7 +323,7 @@ class ControlPlane:
         """The node is lost: its jobs go on without it (recovery), or fail if nothing is left."""
         await asyncio.sleep(after_s)
         self._lost.pop(node, None)
-        log.info("node %s lost (after %.1f s)", node, after_s)
+        log.info("agent %s lost (gone %.1f s)", node, after_s, extra={"event": "agent_lost", "node": node})
         for job in list(self.jobs.values()):
             if node in job.nodes:
                 await self._event(job, "node_lost", {"node": node, "after_s": after_s})
@@ -587,6 +592,7 @@ class ControlPlane:
         if nodes is None:
             self.pending.append(job_id)
             self.new_events.set()
+            log_event(job_id, "job_pending", 0, {"reason": reason})
             return row
         return await self._start(job_id, spec, out, nodes)
 
@@ -687,7 +693,7 @@ class ControlPlane:
         the plan and ranks stored, the job updated; the Recover its members are sent."""
         master_addr = self.hosts.get(min(ranks, key=ranks.get).split("/")[0], "127.0.0.1")
         job.generation += 1  # first: a reconcile round awaiting meanwhile sees the world change
-        port = free_port() if master_addr == "127.0.0.1" else 29500 + (job.generation * 7 + len(job.id)) % 2000
+        port = free_port() if is_loopback_host(master_addr) else 29500 + (job.generation * 7 + len(job.id)) % 2000
 
         def store(session):
             row = queries.get_job(session, job.id)
@@ -758,7 +764,7 @@ class ControlPlane:
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
         # On this machine a free port is known; elsewhere take one per job from a fixed range.
-        port = free_port() if master_addr == "127.0.0.1" else 29500 + int(job_id.split("-")[1]) % 2000
+        port = free_port() if is_loopback_host(master_addr) else 29500 + int(job_id.split("-")[1]) % 2000
 
         def place(session):
             row = queries.get_job(session, job_id)
@@ -775,6 +781,7 @@ class ControlPlane:
             return row
 
         job_row = await self.store.write(place)
+        log_event(job_id, "job_started", 0, {"nodes": [n for n, _, _ in nodes], "plan_version": 1})
         job = RunningJob(
             job_id, spec, ranks, [n for n, _, _ in nodes], plan, 1, 0, {}, Detector(self.settings), out_dir=out
         )
@@ -854,6 +861,7 @@ class ControlPlane:
 
             row = await self.store.write(cancelled)
             self.new_events.set()
+            log_event(job_id, "job_cancelled", 0, {})
             return row
         job = self.jobs.get(job_id)
         if job is not None:
@@ -1056,6 +1064,7 @@ class ControlPlane:
         at = job.step if step is None else step
         await self.store.write(lambda s: queries.add_event(s, job.id, at, kind, details))
         self.new_events.set()
+        log_event(job.id, kind, at, details)
 
     async def next_events(self, timeout_s: float = 1.0) -> None:
         """Wait until an event is stored since the last clear, or a second at most (several
@@ -1064,6 +1073,16 @@ class ControlPlane:
             await asyncio.wait_for(self.new_events.wait(), timeout_s)
         except TimeoutError:
             pass
+
+
+def log_event(job_id: str, kind: str, step: int, details: dict) -> None:
+    """A stored event as a log line too (with --log-format json, its fields)."""
+    shown = {k: v for k, v in details.items() if k != "plan"}  # a plan is stored, not logged
+    log.info(
+        "job %s: %s at step %d %s",
+        *(job_id, kind, step, json.dumps(shown)[:300]),
+        extra={"event": kind, "job_id": job_id, "step": step, "details": shown},
+    )
 
 
 def progress_dict(progress) -> dict:

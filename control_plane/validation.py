@@ -131,6 +131,13 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
                 ipaddress.ip_address(n["address"])
             except ValueError:
                 raise InvalidArgument(f"hello.nics.address = {n['address'][:80]!r}: an IP address, or empty") from None
+    if hello.advertise_address:
+        try:
+            ipaddress.ip_address(hello.advertise_address)
+        except ValueError:
+            raise InvalidArgument(
+                f"hello.advertise_address = {hello.advertise_address[:80]!r}: an IP address, or empty"
+            ) from None
     if hello.probe_port > 65535:
         raise InvalidArgument(f"hello.probe_port = {hello.probe_port}: a TCP port (1 to 65535), or 0 for none")
     for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):

@@ -22,6 +22,15 @@ def is_loopback(address: str) -> bool:
     return address.rsplit(":", 1)[0] in LOOPBACK
 
 
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 address in brackets ([2001:db8::5]:29500), as URLs and gRPC want it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback_host(host: str) -> bool:
+    return host.strip("[]") in ("127.0.0.1", "localhost", "::1")
+
+
 def job_state(name: str) -> state_pb2.JobState:
     """'running' -> JOB_STATE_RUNNING: storage and the domain keep the short names."""
     return state_pb2.JobState.Value(f"JOB_STATE_{name.upper()}")

@@ -15,7 +15,8 @@ if ! docker image inspect drover-base:bookworm >/dev/null 2>&1; then
     tar -C "$BUILD/rootfs" -c . | docker import - drover-base:bookworm
 fi
 rm -rf "$BUILD/context" && mkdir -p "$BUILD/context/wheels"
-python3 -m pip wheel --quiet --wheel-dir "$BUILD/context/wheels" .
+# torch pinned to the CPU build here: pyproject allows a range, which would pull a CUDA build.
+python3 -m pip wheel --quiet --wheel-dir "$BUILD/context/wheels" torch==2.13.0 .
 cp docker/Dockerfile "$BUILD/context/Dockerfile"
 docker build -t drover:local "$BUILD/context"
 # Prometheus for the compose file's `metrics` profile (docs/operations.md).

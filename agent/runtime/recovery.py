@@ -104,6 +104,7 @@ def rendezvous_store(init_method: str, rank: int, size: int, timeout_s: float):
     import torch.distributed as dist
 
     host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
+    host = host.strip("[]")  # an IPv6 address
     if rank != 0:
         deadline = time.monotonic() + timeout_s
         while True:

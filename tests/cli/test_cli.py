@@ -296,3 +296,38 @@ def test_a_control_plane_that_does_not_answer_gets_a_hint_naming_the_address(cap
         main(["job", "list", "--control-plane", address, "--insecure"])
     err = capsys.readouterr().err
     assert done.value.code == 1 and "UNAVAILABLE" in err and address in err and "--control-plane" in err
+
+
+def test_every_option_reads_an_environment_variable_shown_in_help(capsys, monkeypatch):
+    from click.testing import CliRunner
+
+    from drover.cli import cli
+
+    def commands(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+
+    for path, command in commands(cli, []):
+        options = [p for p in command.params if p.param_type_name == "option" and p.name not in ("help", "version")]
+        help_text = " ".join(CliRunner().invoke(cli, [*path, "--help"]).output.split())
+        for param in options:
+            assert param.envvar and str(param.envvar).startswith("DROVER_"), (path, param.name)
+            assert f"env var: {param.envvar}" in help_text, (path, param.envvar)
+    monkeypatch.setenv("DROVER_PLAN_STRATEGY", "uniform")
+    main(["plan", "--cluster", str(CLUSTER), "--model", str(MODEL), "--json"])
+    assert json.loads(capsys.readouterr().out)["strategy"] == "uniform"
+
+
+def test_json_output_has_numbers_not_strings():
+    from drover.cli.client import to_dict
+
+    job = jobs_pb2.Job(id="job-1", steps=30, step=7, plan_version=2, committed_plan_version=1)
+    listed = to_dict(jobs_pb2.ListJobsResponse(jobs=[job]))
+    assert listed["jobs"][0]["steps"] == 30 and listed["jobs"][0]["step"] == 7
+    assert isinstance(listed["jobs"][0]["plan_version"], int)
+    plan = jobs_pb2.PlanRecord(job_id="job-1", version=3)
+    plan.plan.pipelines.add(micro_batches=8).stages.add(devices=["n/0"], layers=[0, 4])
+    got = to_dict(plan)
+    assert got["version"] == 3 and got["plan"]["pipelines"][0]["micro_batches"] == 8
+    assert got["plan"]["pipelines"][0]["stages"][0]["layers"] == [0, 4]

@@ -12,6 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from drover.control_plane.api import _peer_host
+from drover.planner.wire import host_port
 from drover.storage.models import TelemetrySample
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
@@ -330,3 +332,50 @@ async def test_progress_past_the_job_is_invalid(plane):
         await agent.receive()
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "progress.step = 30" in info.value.details()
     assert not (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).HasField("progress")
+
+
+@pytest.mark.parametrize(
+    "peer, host",
+    [
+        ("ipv4:10.0.0.5:41234", "10.0.0.5"),
+        ("ipv6:[2001:db8::5]:41234", "2001:db8::5"),
+        ("ipv6:%5B::1%5D:41234", "::1"),  # as grpc percent-encodes it
+        ("ipv6:[::1]:5", "::1"),
+        ("unix:/tmp/socket", "127.0.0.1"),
+    ],
+)
+def test_an_agents_address_is_read_from_its_peer_string_ipv6_too(peer, host):
+    assert _peer_host(peer) == host
+
+
+def test_host_port_brackets_ipv6():
+    assert host_port("10.0.0.5", 29500) == "10.0.0.5:29500"
+    assert host_port("2001:db8::5", 29500) == "[2001:db8::5]:29500"
+
+
+async def test_workers_rendezvous_at_the_address_rank_0s_agent_advertises(plane):
+    hello = agent_pb2.Hello(
+        node="node-0", agent_version="test", devices=[cpu_device("node-0/0")], advertise_address="10.1.2.3"
+    )
+    outbox: asyncio.Queue = asyncio.Queue()
+    outbox.put_nowait(agent_pb2.AgentMessage(hello=hello))
+
+    async def requests():
+        while True:
+            yield await outbox.get()
+
+    call = plane.agents.Connect(requests())
+    await plane.connected(1)
+    await plane.submit()
+    start = (await asyncio.wait_for(call.read(), 10)).start_job
+    assert start.master_addr == "10.1.2.3" and start.master_port != 0
+    call.cancel()
+
+
+async def test_an_advertised_address_that_is_no_ip_address_is_refused(plane):
+    bad = agent_pb2.Hello(node="node-0", agent_version="t", devices=[cpu_device("node-0/0")], advertise_address="a b")
+    call = plane.agents.Connect(iter([agent_pb2.AgentMessage(hello=bad)]))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hello.advertise_address = 'a b': an IP address" in caught.value.details()

@@ -4,6 +4,7 @@ against the cluster's CA) and parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import json
 import ssl
 import urllib.request
 
@@ -42,7 +43,8 @@ def value(samples, **labels) -> float | None:
 def test_metrics_show_the_straggler_and_the_plan_version(tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 200\nseed: 0\n")
-    with LocalCluster(tmp_path, telemetry_interval_s=0.25, metrics_port=free_port_range(3)) as c:
+    cluster = LocalCluster(tmp_path, telemetry_interval_s=0.25, metrics_port=free_port_range(3), log_format="json")
+    with cluster as c:
         job = c.submit(job_file, "out")
         c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/0", rate=3.0, from_step=3))
         # Adapted: a plan after the first committed, with the straggler's rate judged.
@@ -70,3 +72,12 @@ def test_metrics_show_the_straggler_and_the_plan_version(tmp_path):
         healthy = value(agent["drover_agent_device_compute_seconds_per_block"], job_id=job.id, device="node-1/1")
         assert healthy > 0 and (straggler == 0 or straggler > healthy)  # left idle by the new plan, or slower
         c.stub.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+    # Structured logs (--log-format json): one object a line, lifecycle events with their fields.
+    server_log = [json.loads(line) for line in (tmp_path / "logs" / "server.log").read_text().splitlines()]
+    events = {(line.get("event"), line.get("node") or line.get("job_id")) for line in server_log}
+    assert {("agent_connected", "node-0"), ("agent_connected", "node-1"), ("job_started", job.id)} <= events
+    assert {("plan_pushed", job.id), ("plan_committed", job.id), ("job_cancelled", job.id)} <= events
+    pushed = next(line for line in server_log if line.get("event") == "plan_pushed")
+    assert pushed["details"]["plan_version"] == 2 and pushed["level"] == "info" and pushed["step"] >= 3
+    agent_log = [json.loads(line) for line in (tmp_path / "logs" / "agent-1.log").read_text().splitlines()]
+    assert any(line.get("event") == "connected" for line in agent_log)

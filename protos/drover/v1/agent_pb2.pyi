@@ -33,20 +33,22 @@ class ControlMessage(_message.Message):
     def __init__(self, start_job: _Optional[_Union[StartJob, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "devices", "nics", "agent_version", "jobs", "probe_port")
+    __slots__ = ("node", "devices", "nics", "agent_version", "jobs", "probe_port", "advertise_address")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nics: _containers.RepeatedCompositeFieldContainer[Nic]
     agent_version: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
     probe_port: int
-    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., probe_port: _Optional[int] = ...) -> None: ...
+    advertise_address: str
+    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., agent_version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., probe_port: _Optional[int] = ..., advertise_address: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("id", "kind", "name", "memory_gib", "tflops", "intra_gbps")
