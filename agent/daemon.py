@@ -29,6 +29,7 @@ from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
 MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane keeps as many)
+MAX_STEPS_SENT = 256  # steps' progress per telemetry message, the newest (the rest are not sent)
 
 log = logging.getLogger("drover.agent")
 AGENT_VERSION = "0.1.0"
@@ -360,7 +361,8 @@ class Agent:
             )
             for m in workers.new_migrations()
         ]
-        progress, stalled, lost = workers.new_progress(), workers.stalled(), workers.lost_devices()
+        steps, stalled, lost = workers.new_progress()[-MAX_STEPS_SENT:], workers.stalled(), workers.lost_devices()
+        progress = steps[-1] if steps else None
         links = self._links.get(job_id, [])[:MAX_LINKS_SENT]
         self._links[job_id] = self._links.get(job_id, [])[MAX_LINKS_SENT:]
         now = time.time()
@@ -377,6 +379,7 @@ class Agent:
                         nics=nics,
                         migrations=migrations,
                         progress=progress,
+                        steps=steps,
                         stalled_devices=stalled,
                         lost_devices=lost,
                         links=links,

@@ -60,8 +60,8 @@ class FailedHere:
     def new_migrations(self) -> list[dict]:
         return []
 
-    def new_progress(self) -> dict | None:
-        return None
+    def new_progress(self) -> list[dict]:
+        return []
 
     def stalled(self) -> list[str]:
         return []
@@ -212,28 +212,28 @@ class JobWorkers:
                 rows.append(row)
         return rows
 
-    def new_progress(self) -> dict | None:
-        """Rank 0's newest step (loss, lr, tokens/s) and validation loss, if a step ended since
-        the last call; None otherwise, and on every other node."""
+    def new_progress(self) -> list[dict]:
+        """Rank 0's figures after each step that ended since the last call (loss, lr, tokens/s,
+        and the newest validation loss), oldest first; [] when none did, and on every other node."""
         if not self.hosts_rank0:
-            return None
+            return []
         steps, evals = self._tail(self.out_dir / "trace.jsonl"), self._tail(self.out_dir / "eval.jsonl")
-        if not steps and not evals:
-            return None
-        progress = dict(self.progress or {})
-        if steps:
-            last = steps[-1]
-            progress |= {
-                "step": last["step"],
-                "loss": last["loss"],
-                "lr": last["lr"],
-                "samples_per_s": last["samples_per_s"],
-                "tokens_per_s": last["samples_per_s"] * self.tokens_per_sample,
-            }
+        progress, out = dict(self.progress or {}), []
         if evals:
             progress |= {"val_loss": evals[-1]["val_loss"], "val_step": evals[-1]["step"]}
+        for row in steps:
+            progress |= {
+                "step": row["step"],
+                "loss": row["loss"],
+                "lr": row["lr"],
+                "samples_per_s": row["samples_per_s"],
+                "tokens_per_s": row["samples_per_s"] * self.tokens_per_sample,
+            }
+            out.append(dict(progress))
+        if evals and not steps and "step" in progress:
+            out.append(dict(progress))  # a new validation loss for the step already reported
         self.progress = progress
-        return progress if "step" in progress else None
+        return out
 
     def new_migrations(self) -> list[dict]:
         return self._tail(self.out_dir / "migrations.jsonl") if self.hosts_rank0 else []

@@ -19,7 +19,7 @@ from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
 from drover.storage.db import StoreError
 
-from . import daemons, data, offline, remote, up
+from . import daemons, data, offline, remote, report, up
 from .local_cluster import LocalClusterError
 from .options import environment_for_every_option
 
@@ -47,6 +47,7 @@ for command in (
     remote.detect,
     remote.node,
     remote.straggle,
+    report.report,
 ):
     cli.add_command(command)
 # `drover plan` plans offline; its subcommands read a running job's plans.

@@ -26,6 +26,7 @@ from .models import ModelReader
 from .netem import NetworkEmulation, NetworkError
 from .options import parse_slowdowns
 from .render import progress_line, table
+from .report import write_report
 
 
 def _parse_straggle(ctx, param, values) -> list[tuple[str, float, int]]:
@@ -237,6 +238,7 @@ def up(
         click.echo(summary(out, job, slowed))
         if job.HasField("progress"):  # what reached the control plane with the telemetry
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
+        click.echo(f"report: {write_report(cluster.stub, job.id, out / 'report.html')}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 

@@ -55,10 +55,12 @@ ROLE_OF = {
     "GetJob": "reader",
     "ListJobs": "reader",
     "WatchEvents": "reader",
+    "ListEvents": "reader",
     "GetPlan": "reader",
     "ListPlans": "reader",
     "ListNodes": "reader",
     "QueryTelemetry": "reader",
+    "QueryHistory": "reader",
     "SubmitJob": "operator",
     "CancelJob": "operator",
     "StreamLogs": "operator",  # workers' output can hold what readers should not see
@@ -240,6 +242,10 @@ def _peer_host(peer: str) -> str:
     return "127.0.0.1"
 
 
+def _event(row) -> jobs_pb2.Event:
+    return jobs_pb2.Event(time=row.time, step=row.step, job_id=row.job_id, kind=row.kind, details_json=row.details_json)
+
+
 def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
     figures = live_progress or (json.loads(row.progress.progress_json) if row.progress else None)
     return jobs_pb2.Job(
@@ -339,9 +345,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             self.cp.new_events.clear()  # before reading, so an event stored meanwhile wakes us
             for e in await events_after(last):
                 last = e.id
-                yield jobs_pb2.Event(
-                    time=e.time, step=e.step, job_id=e.job_id, kind=e.kind, details_json=e.details_json
-                )
+                yield _event(e)
             job = await self.read(lambda s: queries.get_job(s, request.job_id))
             if job.state in TERMINAL and not await events_after(last):
                 return
@@ -374,6 +378,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         )
         async for lines in stream_logs(self.cp.logs, self.cp.outboxes, nodes, ask):
             yield lines
+
+    async def ListEvents(self, request, context):
+        offset, size = _page(request)
+        await self.read(lambda s: queries.get_job(s, request.job_id))
+        rows = await self.read(lambda s: queries.events(s, request.job_id, offset=offset, limit=size + 1))
+        events = [_event(e) for e in rows[:size]]
+        return jobs_pb2.ListEventsResponse(events=events, next_page_token=_next(rows, offset, size))
 
     async def GetPlan(self, request, context):
         return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
@@ -419,6 +430,27 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 )
                 for r in rows
             ]
+        )
+
+    async def QueryHistory(self, request, context):
+        offset, size = _page(request)
+        await self.read(lambda s: queries.get_job(s, request.job_id))
+        await self.cp.flush()
+        rows = await self.read(lambda s: queries.history(s, request.job_id, offset, size + 1))
+        return jobs_pb2.QueryHistoryResponse(
+            points=[
+                jobs_pb2.HistoryPoint(
+                    step=r.step,
+                    time=r.time,
+                    loss=r.loss,
+                    lr=r.lr,
+                    samples_per_s=r.samples_per_s,
+                    plan_version=r.plan_version,
+                    rates=json.loads(r.rates_json),
+                )
+                for r in rows[:size]
+            ],
+            next_page_token=_next(rows, offset, size),
         )
 
     async def Straggle(self, request, context):

@@ -30,7 +30,7 @@ from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, job_state_name, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store
-from drover.storage.models import Job, NicSample, TelemetrySample
+from drover.storage.models import HistoryPoint, Job, NicSample, TelemetrySample
 from drover.v1 import agent_pb2
 
 from . import coordinator, planning
@@ -103,6 +103,12 @@ class RunningJob:
     samples: dict = field(default_factory=dict)  # device -> (compute s/block, p2p wait s, sync s), newest
     migrations: int = 0  # plan switches finished since this server started (metrics)
     migration_bytes: int = 0
+
+    def device_rates(self) -> dict[str, float]:
+        """Every device's straggling rate now: the detector's, or for one the plan leaves idle
+        (nothing to judge) the rate the plan assumed."""
+        rates = self.detector.rates()
+        return {d: rates.get(d, self.planned_rates.get(d, 1.0)) for d in self.ranks}
 
     def state(self, detection_paused: bool) -> JobState:
         return JobState(
@@ -436,6 +442,8 @@ class ControlPlane:
                     f"telemetry.progress.step = {message.progress.step}: job {job.id} has {job.spec.steps} steps"
                 )
             job.progress = progress_dict(message.progress)
+            steps = [p for p in message.steps if p.step < job.spec.steps] or [message.progress]
+            self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message) for p in steps])
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()
@@ -513,6 +521,18 @@ class ControlPlane:
             )
         job.node_versions[node] = message.active_plan_version
         job.wake.set()
+
+    def _history_point(self, job: RunningJob, progress, message: agent_pb2.Telemetry) -> dict:
+        return {
+            "job_id": job.id,
+            "step": progress.step,
+            "time": message.time,
+            "loss": progress.loss if math.isfinite(progress.loss) else None,
+            "lr": progress.lr,
+            "samples_per_s": progress.samples_per_s,
+            "plan_version": message.active_plan_version,
+            "rates_json": json.dumps(job.device_rates()),
+        }
 
     async def _record_links(self, job: RunningJob, node: str, links) -> None:
         # A probe's result can arrive after its peer left the job (a recovery): dropped, like

@@ -81,13 +81,12 @@ def families(cp) -> list:
         "drover_job_migration_bytes", "Bytes moved by plan switches (since this server started).", labels=job
     )
     for running in cp.jobs.values():
-        rates = running.detector.rates()
+        rates = running.device_rates()
         for name, (c, w, s) in sorted(running.samples.items()):
-            if name not in running.ranks:
+            if name not in rates:
                 continue  # left the job in a recovery
             labels = [running.id, name.split("/")[0], name]
-            # A device the plan left idle has no work to judge: the rate the plan assumed for it.
-            rate.add_metric(labels, rates.get(name, running.planned_rates.get(name, 1.0)))
+            rate.add_metric(labels, rates[name])
             compute.add_metric(labels, c)
             p2p.add_metric(labels, w)
             sync.add_metric(labels, s)

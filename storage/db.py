@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import Base, NicSample, TelemetrySample
+from .models import Base, HistoryPoint, NicSample, TelemetrySample
 
 T = TypeVar("T")
 
@@ -158,7 +158,8 @@ class Store:
     # -- telemetry: buffered, written in batches -------------------------------
 
     def buffer_samples(self, model, rows: list[dict]) -> None:
-        """Queue rows (column -> value) of TelemetrySample or NicSample for the next flush."""
+        """Queue rows (column -> value) of TelemetrySample, NicSample or HistoryPoint for the next
+        flush (only the first two are trimmed by age)."""
         with self._pending_lock:
             self._pending.extend((model, row) for row in rows)
 
@@ -186,7 +187,7 @@ class Store:
     def _insert_and_trim(self, session: Session, rows: list, trim: bool, also) -> None:
         if also:
             also(session)
-        for model in (TelemetrySample, NicSample):
+        for model in (TelemetrySample, NicSample, HistoryPoint):
             batch = [row for kind, row in rows if kind is model]
             if batch:  # one executemany per table: thousands of rows a second stay cheap
                 session.execute(insert(model), batch)

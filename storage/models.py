@@ -109,6 +109,25 @@ class TelemetrySample(Base):
     __table_args__ = (Index("telemetry_by_device", "job_id", "device", "id"), Index("telemetry_by_time", "time"))
 
 
+class HistoryPoint(Base):
+    """A running job's figures at a step, kept for its whole life (raw telemetry is trimmed
+    after an hour): training progress as rank 0's agent reported it, and every device's
+    straggling rate as the detector judged it then. One a progress report (about one per
+    telemetry interval), what `drover report` draws."""
+
+    __tablename__ = "job_history"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String)
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: not finite (diverged)
+    lr: Mapped[float] = mapped_column(Float)
+    samples_per_s: Mapped[float] = mapped_column(Float)
+    plan_version: Mapped[int] = mapped_column(Integer)
+    rates_json: Mapped[str] = mapped_column(Text, default="{}")  # device -> rate
+    __table_args__ = (Index("history_by_job", "job_id", "id"),)
+
+
 class NicSample(Base):
     __tablename__ = "nic_samples"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -10,7 +10,7 @@ import time
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from .models import Device, Event, Job, JobProgress, Link, Nic, Node, Plan, TelemetrySample
+from .models import Device, Event, HistoryPoint, Job, JobProgress, Link, Nic, Node, Plan, TelemetrySample
 
 
 class NotFound(LookupError):
@@ -177,8 +177,9 @@ def add_event(session: Session, job_id: str, step: int, kind: str, details: dict
     return row
 
 
-def events(session: Session, job_id: str, after_id: int = 0) -> list[Event]:
-    return list(session.scalars(select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)))
+def events(session: Session, job_id: str, after_id: int = 0, offset: int = 0, limit: int | None = None) -> list[Event]:
+    query = select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)
+    return list(session.scalars(query.offset(offset).limit(limit)))
 
 
 def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100) -> list[TelemetrySample]:
@@ -186,3 +187,9 @@ def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100)
     if device:
         query = query.where(TelemetrySample.device == device)
     return list(session.scalars(query.order_by(TelemetrySample.id.desc()).limit(limit)))
+
+
+def history(session: Session, job_id: str, offset: int = 0, limit: int = 1000) -> list[HistoryPoint]:
+    """The job's history points in the order they came (steps redone after a rollback twice)."""
+    query = select(HistoryPoint).where(HistoryPoint.job_id == job_id).order_by(HistoryPoint.id)
+    return list(session.scalars(query.offset(offset).limit(limit)))

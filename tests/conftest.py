@@ -5,6 +5,8 @@ planes served in process."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,10 @@ async def plane_factory(tmp_path):
 async def plane(plane_factory):
     """The default variant of plane_factory; see support.Plane."""
     return await plane_factory()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """A headless browser for the report's test, installed by the project's own set-up."""
+    subprocess.run([str(ROOT / "scripts" / "ensure_packages.sh"), "chromium=chromium"], check=True, timeout=600)
+    return shutil.which("chromium")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import grpc
@@ -267,3 +268,31 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     drover = shutil.which("drover", path=str(ROOT / ".venv" / "bin")) or shutil.which("drover")
     cmd = [drover] if drover else [sys.executable, "-m", "drover.cli"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+# -- a page as a headless browser draws it ------------------------------------------
+
+
+class _Elements(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.elements: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+
+def rendered(chromium: str, page: Path) -> tuple[list[tuple[str, dict]], list[str]]:
+    """(every element of the page's DOM after its scripts ran, as (tag, attributes); the console
+    messages it logged) in headless Chromium."""
+    run = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+        + ["--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    parser = _Elements()
+    parser.feed(run.stdout)
+    return parser.elements, [line for line in run.stderr.splitlines() if ":CONSOLE" in line]

@@ -17,10 +17,11 @@ import torch
 from drover.agent.runtime.launch import train_reference
 from drover.cli.local_cluster import DROVER, LocalCluster
 from drover.cli.models import ModelReader
+from drover.cli.report import MARKED
 from drover.control_plane.jobfile import load_job
 from drover.v1 import jobs_pb2, state_pb2
 
-from support import ROOT
+from support import ROOT, rendered
 
 pytestmark = pytest.mark.slow  # processes: a control plane, agents and gloo workers
 
@@ -70,7 +71,7 @@ def work_of(plan: dict, device: str) -> float:
     )
 
 
-def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
+def test_drover_up_detects_adapts_and_matches_reference(tmp_path, chromium):
     out = tmp_path / "up"
     (out / "telemetry").mkdir(parents=True)  # an earlier job's telemetry in a reused out dir is not this job's
     (out / "telemetry" / "worker-2.jsonl").write_text(
@@ -109,6 +110,32 @@ def test_drover_up_detects_adapts_and_matches_reference(tmp_path):
     assert [t["step"] for t in trace] == list(range(load_job(TINY_JOB).steps))
     assert (out / "drover.db").exists() and "database:" in run.stdout
     assert_equals_reference(out, TINY_JOB, tmp_path)
+    assert_report_drawn(out / "report.html", events, chromium)
+    assert f"report: {out / 'report.html'}" in run.stdout
+
+
+def assert_report_drawn(page: Path, events: list[dict], chromium: str) -> None:
+    """The page drover up wrote, as headless Chromium draws it: every chart, a marker at the
+    step of each detection, push, commit and migration, and nothing on the console."""
+    elements, console = rendered(chromium, page)
+    assert console == []
+    assert ("body", {"data-drawn": "true"}) in elements  # its script ran to the end
+    charts = {a["id"] for tag, a in elements if tag == "svg"}
+    assert {"throughput-chart", "heatmap-chart", "loss-chart", "plans-chart"} <= charts
+    series = [int(a["data-points"]) for tag, a in elements if a.get("class") == "series"]
+    assert len(series) == 2 and min(series) >= 5  # samples/s and loss, sampled at progress reports
+    markers = {(a["data-kind"], int(a["data-step"])) for tag, a in elements if a.get("class") == "marker"}
+    assert markers == {(e["kind"], e["step"]) for e in events if e["kind"] in MARKED}
+    assert {"straggler_detected", "plan_pushed", "plan_committed", "migration_done"} <= {k for k, _ in markers}
+    cells = [a for tag, a in elements if a.get("class") == "cell"]
+    slow = [float(a["data-rate"]) for a in cells if a["data-device"] == "node-1/0"]
+    assert max(slow) >= 2.0 and {a["data-device"] for a in cells} == {"node-0/0", "node-0/1", "node-1/0", "node-1/1"}
+    roles = {
+        (int(a["data-version"]), a["data-device"]): a["data-role"] for _, a in elements if a.get("class") == "role"
+    }
+    versions = {v for v, _ in roles}
+    assert len(roles) == 4 * len(versions) and len(versions) >= 2
+    assert roles[(1, "node-1/0")] != roles[(max(versions), "node-1/0")]  # the straggler's role changed
 
 
 @pytest.fixture

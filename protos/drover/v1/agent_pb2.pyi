@@ -79,7 +79,7 @@ class Nic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., gbps: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices", "lost_devices", "links")
+    __slots__ = ("time", "job_id", "active_plan_version", "devices", "nics", "migrations", "progress", "stalled_devices", "lost_devices", "links", "steps")
     TIME_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class Telemetry(_message.Message):
     STALLED_DEVICES_FIELD_NUMBER: _ClassVar[int]
     LOST_DEVICES_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     time: float
     job_id: str
     active_plan_version: int
@@ -100,7 +101,8 @@ class Telemetry(_message.Message):
     stalled_devices: _containers.RepeatedScalarFieldContainer[str]
     lost_devices: _containers.RepeatedScalarFieldContainer[str]
     links: _containers.RepeatedCompositeFieldContainer[LinkSample]
-    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ..., lost_devices: _Optional[_Iterable[str]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[_state_pb2.Progress]
+    def __init__(self, time: _Optional[float] = ..., job_id: _Optional[str] = ..., active_plan_version: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., stalled_devices: _Optional[_Iterable[str]] = ..., lost_devices: _Optional[_Iterable[str]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., steps: _Optional[_Iterable[_Union[_state_pb2.Progress, _Mapping]]] = ...) -> None: ...
 
 class Migration(_message.Message):
     __slots__ = ("step", "plan_version", "bytes_moved", "blocks_moved", "seconds", "recovered_from", "steps_redone")

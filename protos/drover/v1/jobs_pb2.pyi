@@ -92,6 +92,24 @@ class WatchEventsRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class ListEventsRequest(_message.Message):
+    __slots__ = ("job_id", "page_size", "page_token")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, job_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class StreamLogsRequest(_message.Message):
     __slots__ = ("job_id", "node", "device", "tail_bytes", "follow")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +279,49 @@ class QueryTelemetryResponse(_message.Message):
     POINTS_FIELD_NUMBER: _ClassVar[int]
     points: _containers.RepeatedCompositeFieldContainer[TelemetryPoint]
     def __init__(self, points: _Optional[_Iterable[_Union[TelemetryPoint, _Mapping]]] = ...) -> None: ...
+
+class QueryHistoryRequest(_message.Message):
+    __slots__ = ("job_id", "page_size", "page_token")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, job_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class HistoryPoint(_message.Message):
+    __slots__ = ("step", "time", "loss", "lr", "samples_per_s", "plan_version", "rates")
+    class RatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    time: float
+    loss: float
+    lr: float
+    samples_per_s: float
+    plan_version: int
+    rates: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., time: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., plan_version: _Optional[int] = ..., rates: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class QueryHistoryResponse(_message.Message):
+    __slots__ = ("points", "next_page_token")
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[HistoryPoint]
+    next_page_token: str
+    def __init__(self, points: _Optional[_Iterable[_Union[HistoryPoint, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StraggleRequest(_message.Message):
     __slots__ = ("device", "rate", "from_step")

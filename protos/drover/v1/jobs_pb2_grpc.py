@@ -59,6 +59,11 @@ class JobServiceStub:
                 request_serializer=drover_dot_v1_dot_jobs__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_jobs__pb2.Event.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/drover.v1.JobService/ListEvents',
+                request_serializer=drover_dot_v1_dot_jobs__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_jobs__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
         self.GetPlan = channel.unary_unary(
                 '/drover.v1.JobService/GetPlan',
                 request_serializer=drover_dot_v1_dot_jobs__pb2.GetPlanRequest.SerializeToString,
@@ -98,6 +103,11 @@ class JobServiceStub:
                 '/drover.v1.JobService/QueryTelemetry',
                 request_serializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.FromString,
+                _registered_method=True)
+        self.QueryHistory = channel.unary_unary(
+                '/drover.v1.JobService/QueryHistory',
+                request_serializer=drover_dot_v1_dot_jobs__pb2.QueryHistoryRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_jobs__pb2.QueryHistoryResponse.FromString,
                 _registered_method=True)
         self.StreamLogs = channel.unary_stream(
                 '/drover.v1.JobService/StreamLogs',
@@ -140,6 +150,13 @@ class JobServiceServicer:
 
     def WatchEvents(self, request, context):
         """Past events of the job, then new ones as they happen, until the job ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvents(self, request, context):
+        """The job's events stored so far, oldest first, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -194,6 +211,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryHistory(self, request, context):
+        """The job's history, kept for its whole life: progress and every device's
+        straggling rate, sampled at each progress report (what `drover report` draws).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StreamLogs(self, request, context):
         """Workers' stdout and stderr, read from the agents that ran them through
         their streams: the tail of each log, then, with follow, new output until
@@ -238,6 +263,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=drover_dot_v1_dot_jobs__pb2.WatchEventsRequest.FromString,
                     response_serializer=drover_dot_v1_dot_jobs__pb2.Event.SerializeToString,
             ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=drover_dot_v1_dot_jobs__pb2.ListEventsRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_jobs__pb2.ListEventsResponse.SerializeToString,
+            ),
             'GetPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPlan,
                     request_deserializer=drover_dot_v1_dot_jobs__pb2.GetPlanRequest.FromString,
@@ -277,6 +307,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.QueryTelemetry,
                     request_deserializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.FromString,
                     response_serializer=drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.SerializeToString,
+            ),
+            'QueryHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryHistory,
+                    request_deserializer=drover_dot_v1_dot_jobs__pb2.QueryHistoryRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_jobs__pb2.QueryHistoryResponse.SerializeToString,
             ),
             'StreamLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamLogs,
@@ -424,6 +459,33 @@ class JobService:
             '/drover.v1.JobService/WatchEvents',
             drover_dot_v1_dot_jobs__pb2.WatchEventsRequest.SerializeToString,
             drover_dot_v1_dot_jobs__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.JobService/ListEvents',
+            drover_dot_v1_dot_jobs__pb2.ListEventsRequest.SerializeToString,
+            drover_dot_v1_dot_jobs__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -640,6 +702,33 @@ class JobService:
             '/drover.v1.JobService/QueryTelemetry',
             drover_dot_v1_dot_jobs__pb2.QueryTelemetryRequest.SerializeToString,
             drover_dot_v1_dot_jobs__pb2.QueryTelemetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.JobService/QueryHistory',
+            drover_dot_v1_dot_jobs__pb2.QueryHistoryRequest.SerializeToString,
+            drover_dot_v1_dot_jobs__pb2.QueryHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,105 @@
+"""`drover report JOB --out FILE.html`: a run's story as one self-contained page.
+
+What the control plane keeps of the job (its events, every plan version,
+and its history: progress and each device's straggling rate at each
+progress report) is fetched once, embedded in the page as JSON, and drawn
+by a small script in the page as SVG: samples/s over steps with the
+detections, pushes, commits and migrations marked; each device's rate over
+steps as a heat map; the loss curve; the plans side by side, each device's
+role per version. Nothing is loaded from elsewhere, so the file can be
+mailed or attached to a ticket.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import click
+
+from .client import all_pages, connect, jobs_pb2, to_dict
+from .options import control_plane_option
+
+# Events drawn on the throughput chart, with their colours.
+MARKED = {
+    "straggler_detected": "#d62728",
+    "slow_link_suspected": "#ff7f0e",
+    "plan_pushed": "#9467bd",
+    "plan_committed": "#2ca02c",
+    "migration_done": "#1f77b4",
+    "node_lost": "#000000",
+    "recovered": "#17becf",
+    "node_joined": "#8c564b",
+}
+
+
+def gather(stub, job_id: str) -> dict:
+    """Everything the page shows, as plain data."""
+    job = to_dict(stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id)))
+    events = []
+    for event in all_pages(stub.ListEvents, jobs_pb2.ListEventsRequest(job_id=job_id, page_size=1000), "events"):
+        events.append({"step": event.step, "time": event.time, "kind": event.kind, **json.loads(event.details_json)})
+    plans = [
+        to_dict(p) for p in all_pages(stub.ListPlans, jobs_pb2.ListPlansRequest(job_id=job_id, page_size=1000), "plans")
+    ]
+    request = jobs_pb2.QueryHistoryRequest(job_id=job_id, page_size=1000)
+    history = [to_dict(p) for p in all_pages(stub.QueryHistory, request, "points")]
+    return {"job": job, "events": events, "plans": plans, "history": history, "marked": MARKED}
+
+
+def render(data: dict) -> str:
+    """The page: the data as JSON in a script element, drawn by DRAW."""
+    job = data["job"]
+    embedded = json.dumps(data).replace("</", "<\\/")  # nothing in the data can close the script element
+    title = f"Drover report: {job['id']}"
+    facts = [
+        ("model", job.get("model_name", "")),
+        ("state", str(job.get("state", "")).removeprefix("JOB_STATE_").lower()),
+        ("steps", f"{job.get('step', -1) + 1} of {job.get('steps', 0)}"),
+        ("plan versions", str(len(data["plans"]))),
+        ("detail", job.get("detail", "") or "-"),
+    ]
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
+    legend = "".join(
+        f'<span class="key"><i style="background:{colour}"></i>{html.escape(kind)}</span>'
+        for kind, colour in MARKED.items()
+    )
+    return PAGE.format(title=html.escape(title), facts=rows, legend=legend, data=embedded, style=STYLE, draw=DRAW)
+
+
+def write_report(stub, job_id: str, out: str | Path) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(gather(stub, job_id)))
+    return path
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{style}</style></head>
+<body>
+<h1>{title}</h1>
+<table class="facts">{facts}</table>
+<h2>Samples per second</h2><div class="legend">{legend}</div><div id="throughput"></div>
+<h2>Straggling rate per device</h2><div id="heatmap"></div>
+<h2>Loss</h2><div id="loss"></div>
+<h2>Plans</h2><div id="plans"></div>
+<script id="data" type="application/json">{data}</script>
+<script>{draw}</script>
+</body></html>
+"""
+
+HERE = Path(__file__).parent
+STYLE = (HERE / "report.css").read_text()
+DRAW = (HERE / "report.js").read_text()
+
+
+@click.command("report")
+@click.argument("job_id")
+@click.option("--out", "out", default="report.html", show_default=True, help="The HTML file to write.")
+@control_plane_option
+def report(job_id: str, out: str, address) -> None:
+    """Write a job's report as one self-contained HTML page: samples/s over steps with the
+    detections, plan pushes, commits and migrations marked, each device's straggling rate as a
+    heat map, the loss curve, and the plans side by side."""
+    click.echo(write_report(connect(address), job_id, out))
