@@ -1,5 +1,6 @@
 """Control-plane ingest: many emulated agents streaming telemetry to one
-`drover server` process (real gRPC on loopback, real SQLite file).
+`drover server` process (real gRPC on loopback), once on a SQLite file and
+once on PostgreSQL (a local server from Debian's binaries), side by side.
 
 Each emulated agent opens the agent stream, says hello with 8 devices and
 sends one telemetry message a second (8 device samples) at a random phase.
@@ -7,7 +8,7 @@ Reports the sustained rate, whether any sample was lost, the lag from send
 to stored (read back from the database every 100 ms), and the server's CPU
 and memory. Prints JSON.
 
-    python bench/ingest.py [--agents 1000] [--seconds 30]
+    python bench/ingest.py [--agents 1000] [--seconds 30] [--stores sqlite,postgresql]
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import json
 import os
 import random
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -26,8 +26,10 @@ import time
 from pathlib import Path
 
 import grpc
+from sqlalchemy import create_engine, text
 
 from drover.planner.ports import free_port
+from drover.storage.local_postgres import LocalPostgres
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,77 +114,80 @@ async def connected(jobs) -> int:
     return count
 
 
-def poll_lags(db: Path, stop: list[bool], lags: list[float]) -> None:
-    last = 0
-    connection = sqlite3.connect(db, timeout=10)
-    while not stop[0]:
-        now = time.time()
-        try:
-            rows = connection.execute("SELECT id, time FROM telemetry WHERE id > ? ORDER BY id", (last,)).fetchall()
-        except sqlite3.OperationalError:  # the table appears with the server's first write
-            rows = []
-        for row_id, sent_at in rows:
-            lags.append(now - sent_at)
-            last = row_id
-        time.sleep(0.1)
+def poll_lags(url: str, stop: list[bool], lags: list[float]) -> None:
+    """Read new telemetry rows every 100 ms; each one's lag is now minus its send time."""
+    last, engine = 0, create_engine(url)
+    query = text("SELECT id, time FROM telemetry WHERE id > :last ORDER BY id")
+    with engine.connect() as connection:
+        while not stop[0]:
+            now = time.time()
+            rows = connection.execute(query, {"last": last}).fetchall()
+            connection.commit()  # a new snapshot next time (PostgreSQL)
+            for row_id, sent_at in rows:
+                lags.append(now - sent_at)
+                last = row_id
+            time.sleep(0.1)
+    engine.dispose()
 
 
-async def main_async(args) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "ingest.db"
-        address = f"127.0.0.1:{free_port()}"
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "drover.cli",
-                "server",
-                "--insecure",
-                "--db",
-                str(db),
-                "--listen",
-                address,
-                "--agent-listen",
-                f"127.0.0.1:{free_port()}",
-            ],  # agents reach the stream on either port here
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
-            for ch in channels:
-                await asyncio.wait_for(ch.channel_ready(), 30)
-            stubs = [agent_pb2_grpc.AgentServiceStub(ch) for ch in channels]
-            sent, gate = [0], asyncio.Event()
-            tasks = [
-                asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate)) for i in range(args.agents)
-            ]
-            jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
-            hello_start = time.time()
-            while await connected(jobs) < args.agents:
-                await asyncio.sleep(0.5)  # measure the steady state, not the hellos of the connection storm
-            hellos_s = time.time() - hello_start
-            stop, lags = [False], []
-            poller = asyncio.get_running_loop().run_in_executor(None, poll_lags, db, stop, lags)
-            cpu0, t0 = cpu_seconds(server.pid), time.time()
-            gate.set()
-            rss = []
-            while not all(t.done() for t in tasks):
-                rss.append(rss_mib(server.pid))
-                await asyncio.sleep(1)
-            elapsed = time.time() - t0
-            cpu = cpu_seconds(server.pid) - cpu0
-            await asyncio.sleep(2)  # the last flush
-            stop[0] = True
-            await poller
-            stored = sqlite3.connect(db).execute("SELECT count(*) FROM telemetry").fetchone()[0]
-            for ch in channels:
-                await ch.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+async def measure(args, url: str) -> dict:
+    address = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "drover.cli",
+            "server",
+            "--insecure",
+            "--db",
+            url,
+            "--listen",
+            address,
+            "--agent-listen",
+            f"127.0.0.1:{free_port()}",
+        ],  # agents reach the stream on either port here
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
+        for ch in channels:
+            await asyncio.wait_for(ch.channel_ready(), 30)
+        stubs = [agent_pb2_grpc.AgentServiceStub(ch) for ch in channels]
+        sent, gate = [0], asyncio.Event()
+        tasks = [
+            asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate)) for i in range(args.agents)
+        ]
+        jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
+        hello_start = time.time()
+        while await connected(jobs) < args.agents:
+            await asyncio.sleep(0.5)  # measure the steady state, not the hellos of the connection storm
+        hellos_s = time.time() - hello_start
+        stop, lags = [False], []
+        poller = asyncio.get_running_loop().run_in_executor(None, poll_lags, url, stop, lags)
+        cpu0, t0 = cpu_seconds(server.pid), time.time()
+        gate.set()
+        rss = []
+        while not all(t.done() for t in tasks):
+            rss.append(rss_mib(server.pid))
+            await asyncio.sleep(1)
+        elapsed = time.time() - t0
+        cpu = cpu_seconds(server.pid) - cpu0
+        await asyncio.sleep(2)  # the last flush
+        stop[0] = True
+        await poller
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            stored = connection.execute(text("SELECT count(*) FROM telemetry")).scalar()
+        engine.dispose()
+        for ch in channels:
+            await ch.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
     lags.sort()
     return {
+        "store": url.split(":", 1)[0],
         "agents": args.agents,
         "devices_per_agent": DEVICES,
         "seconds": args.seconds,
@@ -205,10 +210,34 @@ async def main_async(args) -> dict:
     }
 
 
+async def main_async(args) -> dict:
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for store in args.stores.split(","):
+            if store == "sqlite":
+                results[store] = await measure(args, f"sqlite:///{Path(tmp) / 'ingest.db'}")
+            elif store == "postgresql":
+                server = LocalPostgres(Path(tempfile.mkdtemp(prefix="drover-pg-")))
+                try:
+                    results[store] = await measure(args, server.database())
+                finally:
+                    server.stop()
+            else:
+                raise SystemExit(f"--stores: {store!r} is not sqlite or postgresql")
+    p99 = {name: r["lag_s"]["p99"] for name, r in results.items()}
+    return {
+        "stores": results,
+        "lag_p99_s": p99,
+        "sustained_samples_per_s": {name: r["sustained_samples_per_s"] for name, r in results.items()},
+        "target_lag_p99_below_s": 1.0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--stores", default="sqlite,postgresql", help="Comma-separated: sqlite, postgresql.")
     print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=1))
 
 

@@ -26,7 +26,7 @@ class LocalClusterError(RuntimeError):
 
 
 class LocalCluster:
-    """`drover server` (SQLite at WORK_DIR/drover.db) and `drover agent` processes node-0 ..
+    """`drover server` (SQLite at WORK_DIR/drover.db, or the database given) and `drover agent` processes node-0 ..
     node-N-1 with K CPU devices each, or the nodes of an emulated cluster (a cluster file:
     paced devices, its NICs and links), started, and waited for until every agent is connected.
     Everything runs over TLS with credentials made in WORK_DIR/certs (the agents with their
@@ -50,6 +50,7 @@ class LocalCluster:
         network=None,
         metrics_port: int = 0,
         log_format: str = "text",
+        database: str | None = None,
     ):
         """model_modules and python_path: what custom models' entry points import, and the
         folders they are imported from (cli/models.py's ModelReader found both). emulate: a
@@ -58,7 +59,9 @@ class LocalCluster:
         namespace and reaches the control plane over the emulated Ethernet. metrics_port: serve
         Prometheus metrics, the server's at 127.0.0.1:PORT and each agent's at the next ports
         in node order (none for agents in network namespaces); `metrics` maps "server" and
-        each node to its address. log_format: the daemons' --log-format (text or json)."""
+        each node to its address. log_format: the daemons' --log-format (text or json).
+        database: the server's --db (a SQLAlchemy URL, e.g. PostgreSQL's); default SQLite at
+        WORK_DIR/drover.db."""
         self.network = network
         self.work_dir = Path(work_dir)
         self.emulate = Path(emulate).resolve() if emulate else None
@@ -83,6 +86,7 @@ class LocalCluster:
         self.devices_per_node, self.telemetry_interval_s = devices_per_node, telemetry_interval_s
         self.metrics: dict[str, str] = {}
         self.log_format = log_format
+        self.database = database or str(self.work_dir / "drover.db")
         if metrics_port:
             self.metrics["server"] = f"127.0.0.1:{metrics_port}"
             if network is None:
@@ -177,7 +181,7 @@ class LocalCluster:
             [
                 "server",
                 "--db",
-                str(self.work_dir / "drover.db"),
+                self.database,
                 "--listen",
                 self.address,
                 "--agent-listen",

@@ -131,6 +131,13 @@ def _parse_kill(ctx, param, values) -> list[tuple[str, int]]:
 )
 @click.option("--resume", metavar="DIR", help="Continue from the newest checkpoint in DIR (inside --data-root).")
 @click.option(
+    "--db",
+    "database",
+    metavar="URL",
+    help="The control plane's database: a SQLAlchemy URL (postgresql+psycopg://USER@HOST/DB) or a SQLite "
+    "file; default OUT/drover.db.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=65535 - 1024),
     default=0,
@@ -152,6 +159,7 @@ def up(
     data_root: str,
     resume,
     metrics_port: int,
+    database: str | None,
 ) -> None:
     """Run a local cluster (control plane + agents as processes, SQLite embedded) and one job on it."""
     out = Path(out_dir).resolve()
@@ -214,6 +222,7 @@ def up(
                 emulate=Path(cluster_file) if cluster_file else None,
                 network=network,
                 metrics_port=metrics_port,
+                database=database,
             )
         )
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
@@ -235,7 +244,7 @@ def up(
         job = cluster.job(submitted.id)
         slow_from_start = [0] if cluster_file and any(r > 1 for r in emulated.rates.values()) else []
         slowed = [s[2] for s in straggles] + slow_from_start + [step for *_, step in slow_links]
-        click.echo(summary(out, job, slowed))
+        click.echo(summary(out, job, slowed, cluster.database))
         if job.HasField("progress"):  # what reached the control plane with the telemetry
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
         click.echo(f"report: {write_report(cluster.stub, job.id, out / 'report.html')}")
@@ -284,7 +293,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def summary(out: Path, job, straggle_steps: list[int]) -> str:
+def summary(out: Path, job, straggle_steps: list[int], database: str = "") -> str:
     """Samples/s before the straggler, while slow and after the new plan (or why there was
     none), the plans committed, the migrations, and where the output is."""
     trace, events = _read_jsonl(out / "trace.jsonl"), _read_jsonl(out / "events.jsonl")
@@ -332,9 +341,18 @@ def summary(out: Path, job, straggle_steps: list[int]) -> str:
             or "none"
         ),
         f"output: {out} (trace.jsonl, migrations.jsonl, events.jsonl, model.pt)",
-        f"database: {out / 'drover.db'}",
+        f"database: {_shown(database) if database else out / 'drover.db'}",
     ]
     return "\n".join(lines)
+
+
+def _shown(database: str) -> str:
+    """A database URL without its password."""
+    if "://" not in database:
+        return database
+    from sqlalchemy.engine import make_url
+
+    return make_url(database).render_as_string(hide_password=True)
 
 
 def no_new_plan_reason(events: list[dict], slow_from: int, end_step: int) -> str:

@@ -1,6 +1,7 @@
 """Engine, sessions and the one serialized write path.
 
-SQLite by default (any SQLAlchemy URL works). With SQLite the database runs
+SQLite by default, or PostgreSQL (postgresql+psycopg://...); the schema is
+versioned by Alembic migrations (storage/migrations), run at start. With SQLite the database runs
 in WAL mode so readers never wait for the writer; every write goes through
 `Store.write`, which runs it on one dedicated thread, so writes never race
 and each is one transaction: it happens whole or not at all. Telemetry is
@@ -20,12 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, delete, event, func, insert, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import Base, HistoryPoint, NicSample, TelemetrySample
+from .models import HistoryPoint, NicSample, TelemetrySample
 
 T = TypeVar("T")
 
@@ -46,20 +50,40 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA busy_timeout=5000")
             cursor.close()
 
-    Base.metadata.create_all(engine)
-    with engine.begin() as connection:
-        _add_new_columns(connection)
+    migrate(engine)
     return engine
 
 
-def _add_new_columns(connection) -> None:
-    """A database made by an earlier version gets the columns added since, with their defaults
-    (create_all makes missing tables only); nothing it holds is touched. A stopgap until the
-    schema has migrations of its own."""
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _alembic(connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to this release's schema (storage/migrations), in one transaction. A
+    database from before migrations (tables, no alembic_version) is first brought up to the
+    baseline, revision 0001 (tables and columns it lacks added; nothing it holds touched), and
+    marked as that."""
+    with engine.begin() as connection:
+        inspector = inspect(connection)
+        if inspector.has_table("jobs") and not inspector.has_table("alembic_version"):
+            config = _alembic(connection)
+            baseline = ScriptDirectory.from_config(config).get_revision("0001").module.baseline()
+            baseline.create_all(connection)  # tables it lacks
+            _add_missing_columns(connection, baseline)
+            command.stamp(config, "0001")
+        command.upgrade(_alembic(connection), revision)
+
+
+def _add_missing_columns(connection, metadata) -> None:
+    """The columns of `metadata` an older database lacks, with their defaults."""
     inspector = inspect(connection)
-    for table in Base.metadata.sorted_tables:
-        if not inspector.has_table(table.name):
-            continue
+    for table in metadata.sorted_tables:
         present = {c["name"] for c in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name in present:
@@ -108,6 +132,21 @@ def _lock(path: str, create: bool):
     return handle
 
 
+SERVER_LOCK = 0x64726F76  # "drov": the advisory lock a drover server holds on its PostgreSQL database
+
+
+def _hold_server_lock(engine: Engine):
+    """PostgreSQL's counterpart of the SQLite lock file: a session-level advisory lock, held on
+    a connection of its own while the store is open; a second server on the database is refused."""
+    connection = engine.connect()
+    if not connection.exec_driver_sql(f"SELECT pg_try_advisory_lock({SERVER_LOCK})").scalar():
+        connection.close()
+        where = engine.url.render_as_string(hide_password=True)
+        raise StoreInUse(f"database {where} is in use by another drover server")
+    connection.commit()
+    return connection
+
+
 def _check_integrity(url: str, path: str) -> None:
     engine = create_engine(url)
     try:
@@ -130,6 +169,7 @@ class Store:
             if path and Path(path).exists():
                 _check_integrity(url, path)
             self.engine = make_engine(url)
+            self._held = _hold_server_lock(self.engine) if self.engine.dialect.name == "postgresql" else None
         except BaseException:
             if self._lock is not None:
                 self._lock.close()
@@ -215,4 +255,6 @@ class Store:
         self._readers.shutdown(wait=True)
         if self._lock is not None:
             self._lock.close()  # releases the lock
+        if self._held is not None:
+            self._held.close()  # and PostgreSQL lets go of the advisory lock with its session
         self.engine.dispose()

@@ -1,9 +1,13 @@
-"""The control plane's history as SQLAlchemy tables."""
+"""The control plane's history as SQLAlchemy tables. A change here is also a new revision in
+storage/migrations/versions (tests/storage check the two agree, on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Steps, seeds and sample ids outgrow 32 bits (PostgreSQL's INTEGER); SQLite's are 64-bit.
+INT64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -59,10 +63,10 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String)  # pending | running | completed | failed | cancelled
     model_yaml: Mapped[str] = mapped_column(Text)
     model_name: Mapped[str] = mapped_column(String)
-    steps: Mapped[int] = mapped_column(Integer)
-    seed: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(INT64)
+    seed: Mapped[int] = mapped_column(INT64)
     out_dir: Mapped[str] = mapped_column(String)
-    step: Mapped[int] = mapped_column(Integer, default=-1)
+    step: Mapped[int] = mapped_column(INT64, default=-1)
     plan_version: Mapped[int] = mapped_column(Integer, default=0)  # desired generation
     committed_plan_version: Mapped[int] = mapped_column(Integer, default=0)  # observed by every agent
     detail: Mapped[str] = mapped_column(Text, default="")
@@ -97,11 +101,11 @@ class Plan(Base):
 
 class TelemetrySample(Base):
     __tablename__ = "telemetry"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(INT64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String)
     device: Mapped[str] = mapped_column(String)
     time: Mapped[float] = mapped_column(Float)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(INT64)
     compute_s_per_block: Mapped[float] = mapped_column(Float)
     p2p_wait_s: Mapped[float] = mapped_column(Float, default=0.0)
     grad_sync_s: Mapped[float] = mapped_column(Float, default=0.0)
@@ -116,9 +120,9 @@ class HistoryPoint(Base):
     telemetry interval), what `drover report` draws."""
 
     __tablename__ = "job_history"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(INT64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(INT64)
     time: Mapped[float] = mapped_column(Float)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: not finite (diverged)
     lr: Mapped[float] = mapped_column(Float)
@@ -130,7 +134,7 @@ class HistoryPoint(Base):
 
 class NicSample(Base):
     __tablename__ = "nic_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(INT64, primary_key=True, autoincrement=True)
     node: Mapped[str] = mapped_column(String)
     nic: Mapped[str] = mapped_column(String)
     time: Mapped[float] = mapped_column(Float)
@@ -141,9 +145,9 @@ class NicSample(Base):
 
 class Event(Base):
     __tablename__ = "events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(INT64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String, index=True)
     time: Mapped[float] = mapped_column(Float)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(INT64)
     kind: Mapped[str] = mapped_column(String)
     details_json: Mapped[str] = mapped_column(Text, default="{}")

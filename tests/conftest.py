@@ -7,10 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
+from drover.storage.db import sqlite_url
+from drover.storage.local_postgres import LocalPostgres
 
 from support import ROOT, make_cluster, make_model, serve_plane
 
@@ -61,3 +65,21 @@ def chromium() -> str:
     """A headless browser for the report's test, installed by the project's own set-up."""
     subprocess.run([str(ROOT / "scripts" / "ensure_packages.sh"), "chromium=chromium"], check=True, timeout=600)
     return shutil.which("chromium")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """The session's PostgreSQL server (drover.storage.local_postgres), installed by the
+    project's own set-up when missing and started on first use."""
+    subprocess.run([str(ROOT / "scripts" / "ensure_packages.sh"), "pg_ctlcluster=postgresql"], check=True, timeout=600)
+    server = LocalPostgres(Path(tempfile.mkdtemp(prefix="drover-pg-")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> str:
+    """A fresh database's URL: a SQLite file, and a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url(str(tmp_path / "drover.db"))
+    return request.getfixturevalue("postgres").database()

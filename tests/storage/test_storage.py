@@ -1,5 +1,6 @@
-"""Storage over a real SQLite file: WAL, one write path, plan versions,
-bounded telemetry, and history that survives reopening."""
+"""Storage over a real SQLite file and a real PostgreSQL server (each test that is not about
+one of them runs on both): one write path, plan versions, bounded telemetry, history that
+survives reopening, and a schema versioned by migrations that upgrade older databases."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import sqlite3
 import time
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine
 
 from drover.storage import queries
-from drover.storage.db import Store, StoreError, StoreInUse, sqlite_url
-from drover.storage.models import Job, TelemetrySample
+from drover.storage.db import Store, StoreError, StoreInUse, migrate, sqlite_url
+from drover.storage.models import Base, Job, TelemetrySample
 
 
 def new_job(session, job_id="j1"):
@@ -30,13 +34,14 @@ def new_job(session, job_id="j1"):
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(sqlite_url(tmp_path / "drover.db"), retention_s=60.0)
+def store(database_url):
+    s = Store(database_url, retention_s=60.0)
     yield s
     s.close()
 
 
-def test_wal_mode(store, tmp_path):
+def test_wal_mode(tmp_path):
+    store = Store(sqlite_url(tmp_path / "drover.db"))
     store.write_sync(new_job)
     assert sqlite3.connect(tmp_path / "drover.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -113,12 +118,12 @@ def test_concurrent_writers_serialized(store):
     assert len(store.read(lambda s: queries.events(s, "j1"))) == 50
 
 
-def test_history_survives_reopen(tmp_path):
-    first = Store(sqlite_url(tmp_path / "d.db"))
+def test_history_survives_reopen(database_url):
+    first = Store(database_url)
     first.write_sync(new_job)
     first.write_sync(lambda s: queries.add_plan(s, "j1", {"pipelines": []}, "initial"))
     first.close()
-    second = Store(sqlite_url(tmp_path / "d.db"))
+    second = Store(database_url)
     assert second.write_sync(lambda s: queries.add_plan(s, "j1", {}, "next").version) == 2
     second.close()
 
@@ -159,12 +164,12 @@ def test_a_corrupt_database_is_refused_with_what_to_do(tmp_path, content):
     Store(sqlite_url(str(tmp_path / "other.db"))).close()  # and the lock was let go: no leak
 
 
-def test_a_second_store_on_one_database_is_refused(tmp_path):
-    first = Store(sqlite_url(str(tmp_path / "drover.db")))
+def test_a_second_store_on_one_database_is_refused(database_url):
+    first = Store(database_url)
     with pytest.raises(StoreInUse):
-        Store(sqlite_url(str(tmp_path / "drover.db")))
+        Store(database_url)
     first.close()
-    Store(sqlite_url(str(tmp_path / "drover.db"))).close()
+    Store(database_url).close()
 
 
 def test_a_nics_measured_bandwidth_is_the_median_of_its_links_and_outlives_a_reconnect(store):
@@ -187,15 +192,55 @@ def test_a_nics_measured_bandwidth_is_the_median_of_its_links_and_outlives_a_rec
     assert store.read(lambda s: queries.get_node(s, "b")).probe_port == 7001
 
 
-def test_a_database_from_before_new_columns_gets_them_and_keeps_its_rows(tmp_path):
+def test_a_database_from_before_migrations_is_upgraded_and_keeps_its_rows(tmp_path):
+    """As the last release without migrations made it (no alembic_version, no job_history), and
+    older still: without columns that release had added."""
     path = tmp_path / "old.db"
     Store(sqlite_url(str(path)), create=True).write_sync(
         lambda s: queries.upsert_node(s, "n", [], [{"name": "ib", "type": "infiniband", "gbps": 200.0}], "old")
     )
-    with sqlite3.connect(path) as old:  # as an earlier version made it: without this version's columns
+    with sqlite3.connect(path) as old:
+        old.execute("DROP TABLE alembic_version")
+        old.execute("DROP TABLE job_history")
         for table, column in [("nodes", "probe_port"), ("nics", "address"), ("nics", "measured_gbps")]:
             old.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     store = Store(sqlite_url(str(path)))
     (nic,) = store.read(lambda s: queries.nics_of(s, "n"))
     assert (nic.gbps, nic.address, nic.measured_gbps) == (200.0, "", 0.0)
     assert store.read(lambda s: queries.get_node(s, "n")).probe_port == 0
+    with sqlite3.connect(path) as upgraded:
+        assert upgraded.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]
+        assert upgraded.execute("SELECT count(*) FROM job_history").fetchone() == (0,)
+
+
+def test_the_migrations_make_exactly_the_schema_of_the_models(database_url):
+    Store(database_url).close()
+    engine = create_engine(database_url)
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0002"
+    engine.dispose()
+
+
+def test_a_database_of_the_previous_release_is_upgraded_and_keeps_its_rows(database_url):
+    engine = create_engine(database_url)
+    migrate(engine, "0001")  # the schema the previous release made
+    with engine.begin() as c:
+        c.exec_driver_sql(
+            "INSERT INTO jobs (id, state, model_yaml, model_name, steps, seed, out_dir, step, plan_version, "
+            "committed_plan_version, detail, created, ranks_json, master_addr, master_port) VALUES "
+            "('j1', 'completed', '{}', 'tiny', 30, 7, 'out', 29, 2, 2, '', 1.0, '{}', '127.0.0.1', 0)"
+        )
+        c.exec_driver_sql(
+            "INSERT INTO events (job_id, time, step, kind, details_json) VALUES ('j1', 1.0, 3, 'job_started', '{}')"
+        )
+    engine.dispose()
+    store = Store(database_url)
+    job = store.read(lambda s: queries.get_job(s, "j1"))
+    assert (job.steps, job.seed, job.step, job.plan_version) == (30, 7, 29, 2)
+    assert [e.kind for e in store.read(lambda s: queries.events(s, "j1"))] == ["job_started"]
+    huge = (1 << 63) - 1  # 64-bit now, PostgreSQL included
+    store.write_sync(lambda s: setattr(queries.get_job(s, "j1"), "seed", huge))
+    assert store.read(lambda s: queries.get_job(s, "j1")).seed == huge
+    assert store.read(lambda s: queries.history(s, "j1")) == []  # the new table is there
+    store.close()

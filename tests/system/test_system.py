@@ -138,6 +138,28 @@ def assert_report_drawn(page: Path, events: list[dict], chromium: str) -> None:
     assert roles[(1, "node-1/0")] != roles[(max(versions), "node-1/0")]  # the straggler's role changed
 
 
+def test_drover_up_against_postgresql(tmp_path, postgres):
+    """The control plane on PostgreSQL instead of SQLite: the same run, the same story kept."""
+    import psycopg
+
+    database = postgres.database()
+    out = tmp_path / "up"
+    run = drover_up(TINY_JOB, out, "--db", database, "--straggle", "node-1/0=3@6")
+    assert f"database: {database}" in run.stdout and not (out / "drover.db").exists()
+    kinds = [e["kind"] for e in events_of(out)]
+    assert kinds[0] == "job_started" and kinds[-1] == "job_completed" and "plan_committed" in kinds
+    steps = load_job(TINY_JOB).steps
+    dsn = database.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as db:
+        (job_id, state, step) = db.execute("SELECT id, state, step FROM jobs").fetchone()
+        assert (state, step) == ("completed", steps - 1)
+        stored = [k for (k,) in db.execute("SELECT kind FROM events WHERE job_id = %s ORDER BY id", (job_id,))]
+        history = [s for (s,) in db.execute("SELECT step FROM job_history WHERE job_id = %s ORDER BY id", (job_id,))]
+        plans = db.execute("SELECT count(*) FROM plans WHERE job_id = %s AND committed", (job_id,)).fetchone()[0]
+    assert stored == kinds and history == list(range(steps)) and plans >= 2
+    assert_equals_reference(out, TINY_JOB, tmp_path)
+
+
 @pytest.fixture
 def local_cluster(tmp_path):
     clusters = []

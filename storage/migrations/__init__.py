@@ -1,0 +1,1 @@
+"""The schema's history as Alembic migrations (storage/db.py runs them at start)."""
