@@ -10,6 +10,7 @@ depends on a message having been seen before.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -18,12 +19,13 @@ from pathlib import Path
 import grpc
 
 from drover.metrics import serve as serve_metrics
+from drover.metrics import stop as stop_metrics
 from drover.planner.cluster import Cluster
 from drover.planner.wire import STREAM_OPTIONS, host_port, job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery, probe
-from .logs import MAX_READERS, send_logs
+from .logs import MAX_READERS, Credit, send_logs
 from .metrics import registry_of
 from .runtime.launch import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
@@ -45,6 +47,24 @@ def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
         private_key=(tls_dir / f"node-{node}.key").read_bytes(),
         certificate_chain=(tls_dir / f"node-{node}.pem").read_bytes(),
     )
+
+
+class Outbox:
+    """What goes up the stream: hellos, telemetry and status before any log chunk, so a
+    reader of long logs never delays what the control plane judges the node by."""
+
+    def __init__(self):
+        self._queue: asyncio.PriorityQueue = asyncio.PriorityQueue()
+        self._order = itertools.count()  # first in, first out within a priority
+
+    def put_nowait(self, message: agent_pb2.AgentMessage) -> None:
+        self._queue.put_nowait((0, next(self._order), message))
+
+    def put_log(self, message: agent_pb2.AgentMessage) -> None:
+        self._queue.put_nowait((1, next(self._order), message))
+
+    async def get(self) -> agent_pb2.AgentMessage:
+        return (await self._queue.get())[2]
 
 
 class Agent:
@@ -90,8 +110,8 @@ class Agent:
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
         self._probing: set[asyncio.Task] = set()
-        self._log_readers: dict[str, asyncio.Task] = {}  # request id -> the task sending those logs
-        self._outbox: asyncio.Queue | None = None  # the current stream's
+        self._log_readers: dict[str, tuple[asyncio.Task, Credit]] = {}  # request id -> its sender
+        self._outbox: Outbox | None = None  # the current stream's
         self.metrics_address, self.advertise_address = metrics_address, advertise_address
         self.connected, self.connections = False, 0  # the stream's state, for /metrics
         self.nic_rates: list[agent_pb2.NicSample] = []  # the newest NIC rates
@@ -120,7 +140,7 @@ class Agent:
         finally:
             server.close()
             if metrics_http is not None:
-                await asyncio.to_thread(metrics_http.shutdown)
+                await asyncio.to_thread(stop_metrics, metrics_http)
             self.stop()
 
     def _serve_metrics(self):
@@ -137,7 +157,7 @@ class Agent:
             channel = grpc.aio.secure_channel(self.address, self.credentials, options=STREAM_OPTIONS)
         async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            outbox: asyncio.Queue = asyncio.Queue()
+            outbox = Outbox()
             self._outbox = outbox
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
             self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
@@ -157,7 +177,7 @@ class Agent:
             finally:
                 self.connected = False
                 ticker.cancel()
-                for reader in self._log_readers.values():  # their requests ended with the stream
+                for reader, _ in self._log_readers.values():  # their requests ended with the stream
                     reader.cancel()
         raise ConnectionError("stream ended")
 
@@ -271,7 +291,11 @@ class Agent:
             elif command.WhichOneof("body") == "stop_logs":
                 reader = self._log_readers.get(command.stop_logs.request_id)
                 if reader is not None:
-                    reader.cancel()
+                    reader[0].cancel()
+            elif command.WhichOneof("body") == "ack_logs":
+                reader = self._log_readers.get(command.ack_logs.request_id)
+                if reader is not None:
+                    reader[1].give(command.ack_logs.chunks)
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
@@ -287,12 +311,13 @@ class Agent:
         if len(self._log_readers) >= MAX_READERS or request.request_id in self._log_readers:
             note = f"{len(self._log_readers)} log requests are being served on {self.node}, the most at once"
             chunk = agent_pb2.LogChunk(request_id=request.request_id, end=True, note=note)
-            outbox.put_nowait(agent_pb2.AgentMessage(log_chunk=chunk))
+            outbox.put_log(agent_pb2.AgentMessage(log_chunk=chunk))
             return
+        credit = Credit(request.window)
         task = asyncio.get_running_loop().create_task(
-            send_logs(self.work_dir, self.node, request, outbox.put_nowait, running)
+            send_logs(self.work_dir, self.node, request, outbox.put_log, running, credit)
         )
-        self._log_readers[request.request_id] = task
+        self._log_readers[request.request_id] = (task, credit)
         task.add_done_callback(lambda _: self._log_readers.pop(request.request_id, None))
 
     async def _probe(self, command: agent_pb2.ProbeLinks) -> None:
@@ -309,7 +334,7 @@ class Agent:
 
     # -- what goes up ------------------------------------------------------------------
 
-    async def _tick_forever(self, outbox: asyncio.Queue) -> None:
+    async def _tick_forever(self, outbox: Outbox) -> None:
         while True:
             for message in self._tick():
                 outbox.put_nowait(message)

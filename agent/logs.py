@@ -24,6 +24,7 @@ CHUNK_BYTES = 64 * 1024
 MAX_TAIL_BYTES = 16 * 1024 * 1024
 DEFAULT_TAIL_BYTES = 1024 * 1024
 MAX_READERS = 8  # log requests served at once; more are refused with a note
+DEFAULT_WINDOW, MAX_WINDOW = 32, 256  # data chunks in flight a request, before acknowledgements
 FOLLOW_EVERY_S = 0.5
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -38,15 +39,38 @@ def device_of(path: Path) -> str:
     return f"{node}/{index}"
 
 
+class Credit:
+    """How many more data chunks a request may send: `window` at first, more as the control
+    plane acknowledges what its reader took (AckLogs), never more than `window` outstanding."""
+
+    def __init__(self, window: int):
+        self.window = min(window or DEFAULT_WINDOW, MAX_WINDOW)
+        self.left = self.window
+        self.changed = asyncio.Event()
+
+    async def take(self) -> None:
+        while self.left <= 0:
+            self.changed.clear()
+            await self.changed.wait()
+        self.left -= 1
+
+    def give(self, chunks: int) -> None:
+        self.left = min(self.left + chunks, self.window)
+        self.changed.set()
+
+
 async def send_logs(
     work_dir: Path,
     node: str,
     request: agent_pb2.ReadLogs,
     send: Callable[[agent_pb2.AgentMessage], None],
     running: Callable[[], bool],
+    credit: Credit | None = None,
 ) -> None:
     """Serve one ReadLogs: chunks through `send`, the last with end set; `running()` says whether
-    the job still runs here (following stops once it does not, after a last read)."""
+    the job still runs here (following stops once it does not, after a last read). Each data
+    chunk waits for `credit` (default: the request's window, never acknowledged)."""
+    credit = credit or Credit(request.window)
 
     def chunk(**fields) -> None:
         send(agent_pb2.AgentMessage(log_chunk=agent_pb2.LogChunk(request_id=request.request_id, **fields)))
@@ -69,13 +93,14 @@ async def send_logs(
     try:
         for path in files:
             size = path.stat().st_size
-            offsets[path] = _send_from(path, max(0, size - tail), size, chunk)
+            offsets[path] = await _send_from(path, max(0, size - tail), size, chunk, credit)
         while request.follow:
             still = running()  # read before the last pass, so output written before the end is sent
             await asyncio.sleep(FOLLOW_EVERY_S)
             for path in sorted(folder.glob("*.log")):
                 if not wanted or device_of(path) in wanted:
-                    offsets[path] = _send_from(path, offsets.get(path, 0), path.stat().st_size, chunk)
+                    size = path.stat().st_size
+                    offsets[path] = await _send_from(path, offsets.get(path, 0), size, chunk, credit)
             if not still:
                 break
     except OSError as exc:  # a log gone or unreadable: the request ends saying so
@@ -84,14 +109,15 @@ async def send_logs(
     chunk(end=True)
 
 
-def _send_from(path: Path, start: int, end: int, chunk) -> int:
-    """Send bytes [start, end) of the file; the offset reached."""
+async def _send_from(path: Path, start: int, end: int, chunk, credit: Credit) -> int:
+    """Send bytes [start, end) of the file, a chunk per credit; the offset reached."""
     with open(path, "rb") as f:
         f.seek(start)
         while start < end:
             data = f.read(min(CHUNK_BYTES, end - start))
             if not data:
                 break
+            await credit.take()
             chunk(device=device_of(path), data=data)
             start += len(data)
     return start

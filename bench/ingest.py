@@ -35,7 +35,9 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 
 DEVICES = 8
-CHANNELS = 20  # streams spread over several HTTP/2 connections, as separate agents would be
+STREAMS_PER_CONNECTION = 50  # the server takes 64 streams a connection (control_plane/api.py)
+# A connection of its own per channel: by default gRPC shares one between channels to one address.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -150,14 +152,13 @@ async def measure(args, url: str) -> dict:
         stderr=subprocess.DEVNULL,
     )
     try:
-        channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
+        count = -(-args.agents // STREAMS_PER_CONNECTION)  # as separate agents' connections would carry them
+        channels = [grpc.aio.insecure_channel(address, options=OWN_CONNECTION) for _ in range(count)]
         for ch in channels:
             await asyncio.wait_for(ch.channel_ready(), 30)
         stubs = [agent_pb2_grpc.AgentServiceStub(ch) for ch in channels]
         sent, gate = [0], asyncio.Event()
-        tasks = [
-            asyncio.create_task(agent(stubs[i % CHANNELS], i, args.seconds, sent, gate)) for i in range(args.agents)
-        ]
+        tasks = [asyncio.create_task(agent(stubs[i % count], i, args.seconds, sent, gate)) for i in range(args.agents)]
         jobs = jobs_pb2_grpc.JobServiceStub(channels[0])
         hello_start = time.time()
         while await connected(jobs) < args.agents:

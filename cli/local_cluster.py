@@ -177,11 +177,10 @@ class LocalCluster:
         return [("control plane", self.server)] + agents
 
     def _start_server(self, log_mode: str) -> subprocess.Popen:
+        # The database through the environment: a URL may hold a password, and argv is public.
         return self._start(
             [
                 "server",
-                "--db",
-                self.database,
                 "--listen",
                 self.address,
                 "--agent-listen",
@@ -195,6 +194,7 @@ class LocalCluster:
             ],
             "server.log",
             log_mode,
+            env={**os.environ, "DROVER_DB": self.database},
         )
 
     def _start(

@@ -5,6 +5,7 @@ is assembled (__init__.py)."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import queue
 import threading
@@ -187,11 +188,13 @@ def job_logs(job_id: str, node: str, device: str, follow: bool, tail_bytes: int,
     line prefixed with its device. Needs an operator token."""
     request = jobs_pb2.StreamLogsRequest(job_id=job_id, node=node, device=device, tail_bytes=tail_bytes, follow=follow)
     partial: dict[str, str] = {}  # device -> a line not yet ended
+    decoders: dict[str, codecs.IncrementalDecoder] = {}  # a character may span two chunks
     for lines in connect(address).StreamLogs(request):
         if lines.unavailable:
             click.echo(f"[{lines.node}] {lines.unavailable}", err=True)
             continue
-        text = partial.pop(lines.device, "") + lines.data.decode(errors="replace")
+        decoder = decoders.setdefault(lines.device, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+        text = partial.pop(lines.device, "") + decoder.decode(lines.data)
         *whole, rest = text.split("\n")
         for line in whole:
             click.echo(f"[{lines.device}] {line}")

@@ -21,7 +21,8 @@ function empty(id, why) {
 }
 const W = 900, H = 260, L = 56, R = 16, T = 12, B = 32;
 const history = D.history;
-const lastStep = Math.max(D.job.steps - 1, ...history.map(p => p.step), ...D.events.map(e => e.step), 1);
+const largest = values => values.reduce((a, b) => (b > a ? b : a), -Infinity);  // no spread: long runs
+const lastStep = largest([D.job.steps - 1, 1, largest(history.map(p => p.step)), largest(D.events.map(e => e.step))]);
 const x = step => L + (W - L - R) * step / lastStep;
 function axes(svg, top, label) {
   el("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#999"}, svg);
@@ -35,7 +36,7 @@ function curve(id, key, label, colour) {
   const points = history.filter(p => p[key] !== undefined && p[key] !== null && isFinite(p[key]));
   if (!points.length) { empty(id, "no " + label + " reported yet"); return null; }
   const svg = frame(id, W, H);
-  const top = Math.max(...points.map(p => p[key])) * 1.1 || 1;
+  const top = largest(points.map(p => p[key])) * 1.1 || 1;
   const y = v => H - B - (H - B - T) * v / top;
   axes(svg, top, label);
   const d = points.map((p, i) => (i ? "L" : "M") + x(p.step).toFixed(1) + "," + y(p[key]).toFixed(1)).join(" ");
@@ -68,10 +69,12 @@ if (!devices.length) {
                         return "rgb(" + Math.round(255 - 40 * t) + "," + Math.round(245 - 200 * t) + "," + Math.round(235 - 200 * t) + ")"; };
   devices.forEach((device, i) => {
     el("text", {x: L - 4, y: T + row * i + 12, "text-anchor": "end"}, heat, device);
-    history.forEach(p => {
+    history.forEach((p, k) => {
       const rate = (p.rates || {})[device];
       if (rate === undefined) return;
-      const cell = el("rect", {x: column(p.step), y: T + row * i, width: width, height: row - 2, fill: colour(rate),
+      const until = k + 1 < history.length ? column(history[k + 1].step) : column(lastStep + 1);
+      const cell = el("rect", {x: column(p.step), y: T + row * i, width: Math.max(until - column(p.step), width),
+                               height: row - 2, fill: colour(rate),
                                class: "cell", "data-device": device, "data-step": p.step, "data-rate": rate}, heat);
       el("title", {}, cell, device + " at step " + p.step + ": " + rate + "x");
     });

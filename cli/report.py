@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import click
@@ -48,10 +49,48 @@ def gather(stub, job_id: str) -> dict:
     return {"job": job, "events": events, "plans": plans, "history": history, "marked": MARKED}
 
 
+MAX_POINTS = 2000  # history points drawn; a longer run is thinned to about this many
+
+
+def thin(history: list[dict], limit: int = MAX_POINTS) -> list[dict]:
+    """At most about `limit` points: each the last of a run of consecutive ones, with the
+    run's mean samples/s and loss and each device's worst rate (a short straggle still shows)."""
+    size = -(-len(history) // limit) if history else 1
+    if size <= 1:
+        return history
+    out = []
+    for start in range(0, len(history), size):
+        run = history[start : start + size]
+        point = dict(run[-1])
+        for key in ("samples_per_s", "loss"):
+            values = [p[key] for p in run if isinstance(p.get(key), (int, float))]
+            if values:
+                point[key] = sum(values) / len(values)
+        rates: dict[str, float] = {}
+        for p in run:
+            for device, rate in p.get("rates", {}).items():
+                rates[device] = max(rate, rates.get(device, rate))
+        point["rates"] = rates
+        out.append(point)
+    return out
+
+
+def finite(value):
+    """The data with every NaN or infinity as null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def render(data: dict) -> str:
     """The page: the data as JSON in a script element, drawn by DRAW."""
     job = data["job"]
-    embedded = json.dumps(data).replace("</", "<\\/")  # nothing in the data can close the script element
+    shown = finite({**data, "history": thin(data["history"])})
+    embedded = json.dumps(shown, allow_nan=False).replace("</", "<\\/")  # nothing can close the script element
     title = f"Drover report: {job['id']}"
     facts = [
         ("model", job.get("model_name", "")),

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from drover.metrics import MetricsError, split_address
 from drover.metrics import serve as serve_metrics
+from drover.metrics import stop as stop_metrics
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.plan import plan_from_dict
 from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, plan_to_proto
@@ -368,7 +369,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             nodes = [node]
         if request.tail_bytes > MAX_TAIL_BYTES:
             raise InvalidArgument(f"tail_bytes = {request.tail_bytes}: at most {MAX_TAIL_BYTES}")
-        if len(self.cp.logs.requests) >= MAX_OPEN:
+        if self.cp.logs.calls >= MAX_OPEN:
             raise ResourceExhausted(f"{MAX_OPEN} log readers are open, the most this server serves; ask again later")
         ask = agent_pb2.ReadLogs(
             job_id=job.id,
@@ -566,7 +567,7 @@ async def start_server(
 
 async def stop_server(served: Served) -> None:
     if served.metrics_http is not None:
-        await asyncio.to_thread(served.metrics_http.shutdown)
+        await asyncio.to_thread(stop_metrics, served.metrics_http)
     await served.server.stop(grace=1)
     await served.cp.close()
 

@@ -103,6 +103,10 @@ class RunningJob:
     samples: dict = field(default_factory=dict)  # device -> (compute s/block, p2p wait s, sync s), newest
     migrations: int = 0  # plan switches finished since this server started (metrics)
     migration_bytes: int = 0
+    history_step: int = -1  # the newest step kept in the job's history
+
+    def rank0_node(self) -> str:
+        return min(self.ranks, key=self.ranks.get).split("/")[0]
 
     def device_rates(self) -> dict[str, float]:
         """Every device's straggling rate now: the detector's, or for one the plan leaves idle
@@ -436,14 +440,19 @@ class ControlPlane:
             for gone in [n for n in job.nodes if n not in self.outboxes and n in self._lost]:
                 self._lost.pop(gone).cancel()
                 self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
+        for m in message.migrations if job is not None else ():
+            if m.recovered_from:  # a rollback: the steps it redoes are history again
+                job.history_step = min(job.history_step, m.step - 1)
         if job is not None and message.HasField("progress"):
             if message.progress.step >= job.spec.steps:
                 raise InvalidArgument(
                     f"telemetry.progress.step = {message.progress.step}: job {job.id} has {job.spec.steps} steps"
                 )
             job.progress = progress_dict(message.progress)
-            steps = [p for p in message.steps if p.step < job.spec.steps] or [message.progress]
-            self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message) for p in steps])
+            if node == job.rank0_node():  # only rank 0's agent reports progress; anything else is kept out
+                steps = [p for p in (message.steps or [message.progress]) if job.history_step < p.step < job.spec.steps]
+                self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message) for p in steps])
+                job.history_step = max([job.history_step] + [p.step for p in steps])
         if job is not None:
             for s in message.devices:
                 job.heard[s.device] = time.monotonic()

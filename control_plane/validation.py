@@ -22,7 +22,7 @@ MAX_STRING = 128  # ids and names
 MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096, "note": 1024}  # longer texts, by name
 MAX_BYTES = 64 * 1024  # a bytes field: a piece of a worker's log
 MAX_ITEMS = 1024  # devices of a node, samples of a message
-MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256}
+MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256, "steps": 256}
 MAX_NUMBER = 1e12  # seconds since the epoch, bytes per second: all well below
 
 

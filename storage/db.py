@@ -38,6 +38,7 @@ TRIM_EVERY_S = 10.0  # how often the retention rule runs (one indexed DELETE per
 
 
 def make_engine(url: str) -> Engine:
+    """An engine for `url` (SQLite tuned for one writer and many readers); not yet migrated."""
     engine = create_engine(url)
     if engine.dialect.name == "sqlite":
 
@@ -50,7 +51,6 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA busy_timeout=5000")
             cursor.close()
 
-    migrate(engine)
     return engine
 
 
@@ -165,14 +165,18 @@ class Store:
         """`create`: make a new empty database where one that was used before has gone missing."""
         path = _sqlite_file(url)
         self._lock = _lock(path, create) if path else None
+        self._held = None
         try:
             if path and Path(path).exists():
                 _check_integrity(url, path)
             self.engine = make_engine(url)
+            # Held before migrating: a second server must not alter the schema under the first.
             self._held = _hold_server_lock(self.engine) if self.engine.dialect.name == "postgresql" else None
+            migrate(self.engine)
         except BaseException:
-            if self._lock is not None:
-                self._lock.close()
+            for held in (self._lock, self._held):
+                if held is not None:
+                    held.close()
             raise
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")

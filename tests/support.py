@@ -204,8 +204,9 @@ MIXED_TP = local_plan((5, [([0, 1], (0, 3)), ([2], (3, 4))]), (3, [([3], (0, 4))
 # local/2 removed, then local/3 removed while local/2 returns, then three pipelines.
 SHRINK = local_plan((8, [([0, 1], (0, 3)), ([3], (3, 4))]), removed=[2])
 REJOIN = local_plan((3, [([2], (0, 4))]), (5, [([1], (0, 1)), ([0], (1, 4))]), removed=[3])
-# TP 2 -> 4 -> 1 on 7 workers: activations cross in min(t, t') pieces and are gathered.
-TP2_TP4_TP1 = local_plan((8, [([0, 1], (0, 1)), ([2, 3, 4, 5], (1, 3)), ([6], (3, 4))]))
+# TP 2 -> 4 -> 1 on 7 workers: activations cross in min(t, t') pieces and are gathered; the
+# groups list their devices out of rank order (as a grown job's may).
+TP2_TP4_TP1 = local_plan((8, [([1, 0], (0, 1)), ([4, 2, 5, 3], (1, 3)), ([6], (3, 4))]))
 THREE = local_plan((2, [([0], (0, 4))]), (3, [([1], (0, 4))]), (3, [([2, 3], (0, 4))]))
 
 

@@ -133,7 +133,10 @@ def run_stage(
         if g > 1:
             gathered = [torch.empty_like(piece) for _ in range(t)]
             dist.all_gather(gathered, piece, group=tp_group)
-            buf = torch.cat(gathered[:g])[:numel].view(shape)  # member j holds piece j mod g
+            # all_gather orders by rank within the group (ascending global rank); member j of the
+            # stage holds piece j mod g, so piece i is the one from the member at position i.
+            in_group = sorted(role.group)
+            buf = torch.cat([gathered[in_group.index(role.group[i])] for i in range(g)])[:numel].view(shape)
         else:
             buf = piece.view(shape)
         stats.p2p_wait_s += time.perf_counter() - t0

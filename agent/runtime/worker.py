@@ -330,6 +330,7 @@ class Worker:
         record = self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint, started=lost_at)
         redone = self.committed - read_checkpoint_meta(checkpoint)["step"]
         self.committed -= redone
+        self.curves.close()  # reopened at the step now redone, which purges what was logged from it on
         return record | {"step": self.committed, "recovered_from": "checkpoint", "steps_redone": redone}
 
     def _evaluate(self, done: int, out) -> None:

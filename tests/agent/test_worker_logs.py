@@ -69,3 +69,19 @@ async def test_no_logs_or_a_bad_job_id_end_with_why(tmp_path):
     bad = agent_pb2.ReadLogs(request_id="r", job_id="../../etc")
     await logs.send_logs(tmp_path, "node-1", bad, sent.append, lambda: False)
     assert sent[-1].log_chunk.end and "not a job id" in sent[-1].log_chunk.note
+
+
+async def test_each_chunk_waits_for_credit_given_as_the_reader_takes_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(logs, "CHUNK_BYTES", 1)
+    job_folder(tmp_path, {"node-1/0": b"abcdef"})
+    sent, credit = [], logs.Credit(2)
+    ask = agent_pb2.ReadLogs(request_id="r1", job_id="job-1", window=2)
+    sender = asyncio.create_task(logs.send_logs(tmp_path, "node-1", ask, sent.append, lambda: False, credit))
+    await asyncio.sleep(0.05)
+    assert [m.log_chunk.data for m in sent] == [b"a", b"b"]  # the window, then it waits
+    credit.give(3)
+    await asyncio.sleep(0.05)
+    assert len(sent) == 4  # a window never grows past its size: 2 more, not 3
+    credit.give(2)
+    await sender
+    assert b"".join(m.log_chunk.data for m in sent) == b"abcdef" and sent[-1].log_chunk.end

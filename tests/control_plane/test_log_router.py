@@ -48,7 +48,7 @@ async def test_each_nodes_chunks_reach_the_call_and_it_ends_when_all_are_done():
 
 async def test_a_chunk_for_another_nodes_request_or_device_is_refused():
     router = logs.LogRouter()
-    call = logs.call_queue()
+    call = logs.call_queue(1)
     request_id = router.open("node-1", call)
     with pytest.raises(PermissionDenied, match="not a request to node-0"):
         router.deliver("node-0", chunk(request_id, "node-0/0"))
@@ -70,20 +70,47 @@ async def test_a_node_that_disconnects_ends_its_part_with_why():
     assert [g.unavailable for g in got] == ["the agent of node-1 disconnected"]
 
 
-async def test_a_reader_too_slow_ends_its_call_and_the_agents_are_told_to_stop(monkeypatch):
-    monkeypatch.setattr(logs, "QUEUED", 3)
+async def test_what_the_reader_takes_is_acknowledged_so_the_agent_may_send_more():
     router = logs.LogRouter()
     outboxes = {"node-1": asyncio.Queue()}
     call = logs.stream(router, outboxes, ["node-1"], agent_pb2.ReadLogs(job_id="j"))
     first = asyncio.ensure_future(anext(call))
     await asyncio.sleep(0)
     read = (await outboxes["node-1"].get()).command.read_logs
-    for _ in range(10):
+    assert read.window == logs.WINDOW
+    for _ in range(logs.WINDOW):  # a whole window, as the agent may send before any ack
+        router.deliver("node-1", chunk(read.request_id))
+    await first
+    for _ in range(logs.WINDOW - 1):
+        await anext(call)
+    after = asyncio.ensure_future(anext(call))  # the caller comes back for more: the last is taken
+    await asyncio.sleep(0)
+    acks = []
+    while not outboxes["node-1"].empty():
+        acks.append((await outboxes["node-1"].get()).command.ack_logs)
+    assert [a.chunks for a in acks] == [logs.WINDOW // 2, logs.WINDOW // 2]  # all taken, all acknowledged
+    assert {a.request_id for a in acks} == {read.request_id}
+    router.deliver("node-1", chunk(read.request_id, "", b"", end=True))
+    with pytest.raises(StopAsyncIteration):
+        await after
+    assert router.requests == {} and router.calls == 0 and outboxes["node-1"].empty()
+
+
+async def test_an_agent_sending_past_its_window_ends_the_call_and_is_told_to_stop():
+    router = logs.LogRouter()
+    outboxes = {"node-1": asyncio.Queue()}
+    call = logs.stream(router, outboxes, ["node-1"], agent_pb2.ReadLogs(job_id="j"))
+    first = asyncio.ensure_future(anext(call))
+    await asyncio.sleep(0)
+    read = (await outboxes["node-1"].get()).command.read_logs
+    for _ in range(3 * logs.WINDOW):  # nobody takes them: past its window
         router.deliver("node-1", chunk(read.request_id))
     assert (await first).data == b"x"
     with pytest.raises(logs.ResourceExhausted):
         while True:
             await anext(call)
-    assert router.requests == {}
-    stop = (await outboxes["node-1"].get()).command.stop_logs
-    assert stop.request_id == read.request_id
+    assert router.requests == {} and router.calls == 0
+    messages = []
+    while not outboxes["node-1"].empty():
+        messages.append((await outboxes["node-1"].get()).command)
+    assert messages[-1].stop_logs.request_id == read.request_id

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import ssl
 import time
 import urllib.request
 
@@ -88,3 +90,27 @@ async def test_a_metrics_address_in_use_is_refused_naming_it_and_the_database_is
         await start_server(str(tmp_path / "other.db"), "127.0.0.1:0", metrics_address="nowhere")
     served = await start_server(str(tmp_path / "other.db"), "127.0.0.1:0")  # not held by the failed start
     await stop_server(served)
+
+
+def test_a_client_that_never_speaks_holds_up_no_scrape_and_stop_lets_go_of_the_port(tmp_path):
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from drover.control_plane.identity import make_credentials
+    from drover.metrics import serve, stop
+
+    make_credentials(tmp_path, [], ["127.0.0.1"])
+    registry = CollectorRegistry()
+    Gauge("drover_test_value", "A value.", registry=registry).set(7)
+    server, port = serve("127.0.0.1:0", registry, (tmp_path / "server.pem", tmp_path / "server.key"))
+    silent = socket.create_connection(("127.0.0.1", port))  # connects, never starts TLS
+    try:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=5) as response:
+            assert "drover_test_value 7.0" in response.read().decode()
+    finally:
+        silent.close()
+        stop(server)
+    with socket.socket() as again:  # no one listens there any more (its connections may linger)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()

@@ -249,6 +249,8 @@ def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
             time.sleep(0.2)
         ours = [n for n in ip_netns() if n.startswith(f"drv{up.pid}-")]
         assert len(ours) == 5  # a hub and one namespace per node
+        tree = descendants(up.pid)  # the server, agents, their forkservers and the workers
+        assert len(tree) >= 1 + 4 + 8
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=60) != 0
     finally:
@@ -259,6 +261,36 @@ def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     assert f"drv{up.pid}-cp" not in links
     agents = subprocess.run(["pgrep", "-f", f"--work-dir {out}/agents"], capture_output=True, text=True).stdout
     assert agents.strip() == "", agents
+    deadline = time.time() + 10
+    while [p for p in tree if running(p)] and time.time() < deadline:
+        time.sleep(0.2)
+    assert [p for p in tree if running(p)] == []
+
+
+def running(pid: int) -> bool:
+    """Alive: exists and is not a zombie (an exited process its new parent has not reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def ip_netns() -> list[str]:

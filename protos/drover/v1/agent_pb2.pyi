@@ -242,34 +242,46 @@ class PlanUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links", "read_logs", "stop_logs")
+    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links", "read_logs", "stop_logs", "ack_logs")
     STRAGGLE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PROBE_LINKS_FIELD_NUMBER: _ClassVar[int]
     READ_LOGS_FIELD_NUMBER: _ClassVar[int]
     STOP_LOGS_FIELD_NUMBER: _ClassVar[int]
+    ACK_LOGS_FIELD_NUMBER: _ClassVar[int]
     straggle: Straggle
     cancel: CancelJob
     stop_workers: StopWorkers
     probe_links: ProbeLinks
     read_logs: ReadLogs
     stop_logs: StopLogs
-    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ..., read_logs: _Optional[_Union[ReadLogs, _Mapping]] = ..., stop_logs: _Optional[_Union[StopLogs, _Mapping]] = ...) -> None: ...
+    ack_logs: AckLogs
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ..., read_logs: _Optional[_Union[ReadLogs, _Mapping]] = ..., stop_logs: _Optional[_Union[StopLogs, _Mapping]] = ..., ack_logs: _Optional[_Union[AckLogs, _Mapping]] = ...) -> None: ...
 
 class ReadLogs(_message.Message):
-    __slots__ = ("request_id", "job_id", "devices", "tail_bytes", "follow")
+    __slots__ = ("request_id", "job_id", "devices", "tail_bytes", "follow", "window")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     job_id: str
     devices: _containers.RepeatedScalarFieldContainer[str]
     tail_bytes: int
     follow: bool
-    def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., tail_bytes: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    window: int
+    def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., tail_bytes: _Optional[int] = ..., follow: _Optional[bool] = ..., window: _Optional[int] = ...) -> None: ...
+
+class AckLogs(_message.Message):
+    __slots__ = ("request_id", "chunks")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    chunks: int
+    def __init__(self, request_id: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class StopLogs(_message.Message):
     __slots__ = ("request_id",)

@@ -45,11 +45,15 @@ def upgrade() -> None:
         for table, columns in WIDENED.items():
             for column in columns:
                 op.alter_column(table, column, type_=sa.BigInteger(), existing_type=sa.Integer())
+            if "id" in columns:  # SERIAL's sequence stays a 32-bit one unless told
+                op.execute(f"ALTER SEQUENCE {table}_id_seq AS bigint")
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "sqlite":
         for table, columns in WIDENED.items():
+            if "id" in columns:
+                op.execute(f"ALTER SEQUENCE {table}_id_seq AS integer")
             for column in columns:
                 op.alter_column(table, column, type_=sa.Integer(), existing_type=sa.BigInteger())
     op.drop_index("history_by_job", "job_history")
