@@ -70,13 +70,19 @@ async def test_a_node_that_disconnects_ends_its_part_with_why():
     assert [g.unavailable for g in got] == ["the agent of node-1 disconnected"]
 
 
-async def test_what_the_reader_takes_is_acknowledged_so_the_agent_may_send_more():
+async def one_node_call():
+    """A call on node-1's logs, started: (router, outboxes, the call, its first item to come,
+    the ReadLogs node-1 was sent)."""
     router = logs.LogRouter()
     outboxes = {"node-1": asyncio.Queue()}
     call = logs.stream(router, outboxes, ["node-1"], agent_pb2.ReadLogs(job_id="j"))
     first = asyncio.ensure_future(anext(call))
     await asyncio.sleep(0)
-    read = (await outboxes["node-1"].get()).command.read_logs
+    return router, outboxes, call, first, (await outboxes["node-1"].get()).command.read_logs
+
+
+async def test_what_the_reader_takes_is_acknowledged_so_the_agent_may_send_more():
+    router, outboxes, call, first, read = await one_node_call()
     assert read.window == logs.WINDOW
     for _ in range(logs.WINDOW):  # a whole window, as the agent may send before any ack
         router.deliver("node-1", chunk(read.request_id))
@@ -97,12 +103,7 @@ async def test_what_the_reader_takes_is_acknowledged_so_the_agent_may_send_more(
 
 
 async def test_an_agent_sending_past_its_window_ends_the_call_and_is_told_to_stop():
-    router = logs.LogRouter()
-    outboxes = {"node-1": asyncio.Queue()}
-    call = logs.stream(router, outboxes, ["node-1"], agent_pb2.ReadLogs(job_id="j"))
-    first = asyncio.ensure_future(anext(call))
-    await asyncio.sleep(0)
-    read = (await outboxes["node-1"].get()).command.read_logs
+    router, outboxes, call, first, read = await one_node_call()
     for _ in range(3 * logs.WINDOW):  # nobody takes them: past its window
         router.deliver("node-1", chunk(read.request_id))
     assert (await first).data == b"x"
