@@ -1,64 +1,33 @@
-"""A small client of the job service for the CLI and `drover up`."""
+"""The CLI's side of the client (drover.client): connecting from its options, and JSON output."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from drover.control_plane.jobfile import read_job_file
-from drover.planner.wire import is_loopback
-from drover.v1 import jobs_pb2, jobs_pb2_grpc
+from drover.client import Client, Target
+from drover.v1 import jobs_pb2
 
 from .models import ModelReader
 
 DEFAULT_ADDRESS = os.environ.get("DROVER_CONTROL_PLANE", "127.0.0.1:50051")
 
 
-@dataclass(frozen=True)
-class Target:
-    """A control plane and how to reach it: TLS checked against `ca` with a bearer `token`,
-    or (`ca` None) plain on loopback, for a server started with --insecure."""
-
-    address: str
-    ca: bytes | None = None
-    token: str | None = None
-
-    @classmethod
-    def from_files(cls, address: str, ca_file: str | Path, token_file: str | Path) -> Target:
-        return cls(address, Path(ca_file).read_bytes(), Path(token_file).read_text().strip())
-
-
-def connect(target: Target) -> jobs_pb2_grpc.JobServiceStub:
-    if target.ca is None:
-        if not is_loopback(target.address):
-            raise ValueError(f"{target.address}: without TLS only a loopback control plane may be reached")
-        return jobs_pb2_grpc.JobServiceStub(grpc.insecure_channel(target.address))
-    credentials = grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials(root_certificates=target.ca), grpc.access_token_call_credentials(target.token)
-    )
-    return jobs_pb2_grpc.JobServiceStub(grpc.secure_channel(target.address, credentials))
+def connect(target: Target) -> Client:
+    """The CLI's client of the control plane (drover.client)."""
+    return Client(target)
 
 
 def submit_job(
-    stub: jobs_pb2_grpc.JobServiceStub,
-    job_file: Path,
-    out_dir: str = "",
-    resume: str | None = None,
-    reader: ModelReader | None = None,
+    client: Client, job_file: Path, out_dir: str = "", resume: str | None = None, reader=None
 ) -> jobs_pb2.Job:
     """Submit a job file, read here with its model file inlined (a model path inside it is
-    relative to the file's folder; a custom model counted). `out_dir` and `resume` are relative
-    to each agent's data root; an empty out_dir: the control plane's default. SpecError for a
-    bad or unreadable file."""
-    job_yaml = read_job_file(job_file, resume, reader or ModelReader())
-    request = jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir=out_dir)
-    return stub.SubmitJob(request)
+    relative to the file's folder; a custom model counted). SpecError for a bad file."""
+    return client.submit_file(job_file, out_dir, resume, reader or ModelReader())
 
 
 def all_pages(method, request, field: str):

@@ -101,7 +101,8 @@ class LocalCluster:
         try:
             for name in self.nodes:
                 self.agents[name] = self._start_agent(name, "w")
-            self.stub = connect(self.target)
+            self.client = connect(self.target)
+            self.stub = self.client.stub  # the raw JobService, for tests that call RPCs directly
             self.wait_until(
                 lambda: self.connected_nodes() >= len(self.nodes),
                 connect_timeout_s,
@@ -123,10 +124,10 @@ class LocalCluster:
     def submit(self, job_file: Path, out_dir: str = ".", resume: str | None = None, reader=None) -> jobs_pb2.Job:
         """Submit a job; its output goes to DATA_ROOT/out_dir (the agents' data root: WORK_DIR
         unless given)."""
-        return submit_job(self.stub, Path(job_file), out_dir, resume, reader)
+        return submit_job(self.client, Path(job_file), out_dir, resume, reader)
 
     def job(self, job_id: str) -> jobs_pb2.Job:
-        return self.stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+        return self.client.get(job_id)
 
     def wait_until(self, predicate, timeout_s: float = 120.0, what: str = "the condition"):
         """Poll `predicate` until it returns something truthy and return that. RPC errors count

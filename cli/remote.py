@@ -10,24 +10,22 @@ import json
 import queue
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
+from drover.client import Client
 from drover.planner.wire import job_state_name
 
-from .client import all_pages, connect, jobs_pb2, submit_job, to_dict, to_json
+from .client import connect, jobs_pb2, to_json
+from .models import ModelReader
 from .options import control_plane_option, json_option
 from .render import progress_line, table
 
 
 def _print(message, as_json: bool, render) -> None:
     click.echo(to_json(message) if as_json else render(message))
-
-
-def _whole(response_class, method, request, field: str):
-    """A paginated listing gathered into one response (every page), printed as one."""
-    return response_class(**{field: list(all_pages(method, request, field))})
 
 
 def _job_rows(jobs) -> str:
@@ -80,10 +78,11 @@ def job() -> None:
 @json_option
 def job_submit(job_file: str, out_dir: str, resume: str | None, wait: bool, address: str, as_json: bool) -> None:
     """Submit a job file (model, steps, data, optimizer, checkpoint...; docs/jobs.md)."""
-    submitted = submit_job(connect(address), Path(job_file), out_dir, resume)
-    _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
-    if wait:
-        _watch(connect(address), submitted.id, as_json)
+    with connect(address) as client:
+        submitted = client.submit_file(Path(job_file), out_dir, resume, ModelReader())
+        _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
+        if wait:
+            _watch(client, submitted.id, as_json)
 
 
 @job.command("list")
@@ -91,7 +90,7 @@ def job_submit(job_file: str, out_dir: str, resume: str | None, wait: bool, addr
 @json_option
 def job_list(address: str, as_json: bool) -> None:
     """List jobs."""
-    listing = _whole(jobs_pb2.ListJobsResponse, connect(address).ListJobs, jobs_pb2.ListJobsRequest(), "jobs")
+    listing = jobs_pb2.ListJobsResponse(jobs=connect(address).list())
     _print(listing, as_json, lambda r: _job_rows(r.jobs))
 
 
@@ -101,7 +100,7 @@ def job_list(address: str, as_json: bool) -> None:
 @json_option
 def job_status(job_id: str, address: str, as_json: bool) -> None:
     """Show one job: state, step, desired and committed plan versions."""
-    _print(connect(address).GetJob(jobs_pb2.GetJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
+    _print(connect(address).get(job_id), as_json, lambda j: _job_rows([j]))
 
 
 @job.command("watch")
@@ -117,18 +116,18 @@ def job_watch(job_id: str, address: str, as_json: bool) -> None:
 ENDED = {"completed": 0, "failed": 1, "cancelled": 3}  # a watched job's end -> exit status
 
 
-def _watch(stub, job_id: str, as_json: bool) -> None:
-    _follow(stub, job_id, as_json)
-    state = job_state_name(stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id)).state)
+def _watch(client: Client, job_id: str, as_json: bool) -> None:
+    _follow(client, job_id, as_json)
+    state = job_state_name(client.get(job_id).state)
     if ENDED.get(state, 1):
         raise click.exceptions.Exit(ENDED.get(state, 1))
 
 
-def _follow(stub, job_id: str, as_json: bool) -> None:
-    events = stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id))
+def _follow(client: Client, job_id: str, as_json: bool) -> None:
+    events = client.watch(job_id)
     if as_json:
         for event in events:
-            click.echo(json.dumps(to_dict(event)))
+            click.echo(json.dumps(asdict(event)))
         return
     from rich.console import Console
     from rich.live import Live
@@ -153,18 +152,17 @@ def _follow(stub, job_id: str, as_json: bool) -> None:
             if event is None:
                 break
             if event:
-                details = json.loads(event.details_json)
-                details.pop("plan", None)
+                details = {k: v for k, v in event.details.items() if k != "plan"}
                 console.print(
                     f"{time.strftime('%H:%M:%S', time.localtime(event.time))} step {event.step:>5}  "
                     f"{event.kind:<20} {json.dumps(details)}",
                     markup=False,
                     highlight=False,
                 )
-            job = stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+            job = client.get(job_id)
             if job.HasField("progress"):
                 live.update(progress_line(job.progress, job.steps))
-    job = stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+    job = client.get(job_id)
     if job.HasField("progress"):
         click.echo(progress_line(job.progress, job.steps))
 
@@ -186,10 +184,9 @@ def _follow(stub, job_id: str, as_json: bool) -> None:
 def job_logs(job_id: str, node: str, device: str, follow: bool, tail_bytes: int, address: str) -> None:
     """Print the stdout and stderr of the job's workers, read from the agents that ran them, each
     line prefixed with its device. Needs an operator token."""
-    request = jobs_pb2.StreamLogsRequest(job_id=job_id, node=node, device=device, tail_bytes=tail_bytes, follow=follow)
     partial: dict[str, str] = {}  # device -> a line not yet ended
     decoders: dict[str, codecs.IncrementalDecoder] = {}  # a character may span two chunks
-    for lines in connect(address).StreamLogs(request):
+    for lines in connect(address).logs(job_id, node, device, tail_bytes, follow):
         if lines.unavailable:
             click.echo(f"[{lines.node}] {lines.unavailable}", err=True)
             continue
@@ -210,7 +207,7 @@ def job_logs(job_id: str, node: str, device: str, follow: bool, tail_bytes: int,
 @json_option
 def job_cancel(job_id: str, address: str, as_json: bool) -> None:
     """Cancel a running job: its workers stop."""
-    _print(connect(address).CancelJob(jobs_pb2.CancelJobRequest(job_id=job_id)), as_json, lambda j: _job_rows([j]))
+    _print(connect(address).cancel(job_id), as_json, lambda j: _job_rows([j]))
 
 
 @click.command()
@@ -219,7 +216,7 @@ def job_cancel(job_id: str, address: str, as_json: bool) -> None:
 @json_option
 def nodes(show_links: bool, address: str, as_json: bool) -> None:
     """List nodes, their devices and NICs (or, with --links, their measured links)."""
-    listed = _whole(jobs_pb2.ListNodesResponse, connect(address).ListNodes, jobs_pb2.ListNodesRequest(), "nodes")
+    listed = jobs_pb2.ListNodesResponse(nodes=connect(address).nodes())
     if show_links:
         _print(
             listed,
@@ -265,7 +262,7 @@ def _plan_rows(records) -> str:
 @json_option
 def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
     """Show one plan version of a job."""
-    record = connect(address).GetPlan(jobs_pb2.GetPlanRequest(job_id=job_id, version=version))
+    record = connect(address).plan(job_id, version)
 
     def render(r):
         rows = [
@@ -288,8 +285,7 @@ def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
 @json_option
 def plan_history(job_id: str, address: str, as_json: bool) -> None:
     """Every plan version of a job, with its reason."""
-    request = jobs_pb2.ListPlansRequest(job_id=job_id)
-    listing = _whole(jobs_pb2.ListPlansResponse, connect(address).ListPlans, request, "plans")
+    listing = jobs_pb2.ListPlansResponse(plans=connect(address).plans(job_id))
     _print(listing, as_json, lambda r: _plan_rows(r.plans))
 
 
@@ -302,7 +298,7 @@ def plan_history(job_id: str, address: str, as_json: bool) -> None:
 def telemetry(job_id: str, device: str, limit: int, address: str, as_json: bool) -> None:
     """Recent telemetry of a job's devices, newest first, with the rate derived."""
     _print(
-        connect(address).QueryTelemetry(jobs_pb2.QueryTelemetryRequest(job_id=job_id, device=device, limit=limit)),
+        jobs_pb2.QueryTelemetryResponse(points=connect(address).telemetry(job_id, device, limit)),
         as_json,
         lambda r: table(
             ["device", "step", "s/block/micro-batch", "rate"],
@@ -319,7 +315,7 @@ def telemetry(job_id: str, device: str, limit: int, address: str, as_json: bool)
 def replan(job_id: str, reason: str, address: str, as_json: bool) -> None:
     """Plan the job again now and roll the plan out."""
     _print(
-        connect(address).Replan(jobs_pb2.ReplanRequest(job_id=job_id, reason=reason)),
+        connect(address).replan(job_id, reason),
         as_json,
         lambda r: _plan_rows([r]),
     )
@@ -334,7 +330,7 @@ def detect() -> None:
 @control_plane_option
 def detect_pause(address: str) -> None:
     """Stop replanning on detected stragglers (telemetry is still kept)."""
-    connect(address).SetDetection(jobs_pb2.SetDetectionRequest(paused=True))
+    connect(address).set_detection(True)
     click.echo("detection paused")
 
 
@@ -342,7 +338,7 @@ def detect_pause(address: str) -> None:
 @control_plane_option
 def detect_resume(address: str) -> None:
     """Replan on detected stragglers again."""
-    connect(address).SetDetection(jobs_pb2.SetDetectionRequest(paused=False))
+    connect(address).set_detection(False)
     click.echo("detection resumed")
 
 
@@ -356,7 +352,7 @@ def node() -> None:
 @control_plane_option
 def node_drain(name: str, address: str) -> None:
     """New jobs leave NAME out."""
-    n = connect(address).DrainNode(jobs_pb2.NodeRequest(node=name))
+    n = connect(address).drain(name)
     click.echo(f"{n.name} drained")
 
 
@@ -365,7 +361,7 @@ def node_drain(name: str, address: str) -> None:
 @control_plane_option
 def node_undrain(name: str, address: str) -> None:
     """New jobs may use NAME again."""
-    n = connect(address).UndrainNode(jobs_pb2.NodeRequest(node=name))
+    n = connect(address).undrain(name)
     click.echo(f"{n.name} undrained")
 
 
@@ -376,5 +372,5 @@ def node_undrain(name: str, address: str) -> None:
 @control_plane_option
 def straggle(device: str, rate: float, from_step: int, address: str) -> None:
     """Emulation: make DEVICE RATE times slower (1 restores it)."""
-    r = connect(address).Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=from_step))
-    click.echo(f"{device} on {r.node} now {rate:g}x slow")
+    node = connect(address).straggle(device, rate, from_step)
+    click.echo(f"{device} on {node} now {rate:g}x slow")

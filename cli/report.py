@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from .client import all_pages, connect, jobs_pb2, to_dict
+from .client import connect, to_dict
 from .options import control_plane_option
 
 # Events drawn on the throughput chart, with their colours.
@@ -35,17 +35,12 @@ MARKED = {
 }
 
 
-def gather(stub, job_id: str) -> dict:
-    """Everything the page shows, as plain data."""
-    job = to_dict(stub.GetJob(jobs_pb2.GetJobRequest(job_id=job_id)))
-    events = []
-    for event in all_pages(stub.ListEvents, jobs_pb2.ListEventsRequest(job_id=job_id, page_size=1000), "events"):
-        events.append({"step": event.step, "time": event.time, "kind": event.kind, **json.loads(event.details_json)})
-    plans = [
-        to_dict(p) for p in all_pages(stub.ListPlans, jobs_pb2.ListPlansRequest(job_id=job_id, page_size=1000), "plans")
-    ]
-    request = jobs_pb2.QueryHistoryRequest(job_id=job_id, page_size=1000)
-    history = [to_dict(p) for p in all_pages(stub.QueryHistory, request, "points")]
+def gather(client, job_id: str) -> dict:
+    """Everything the page shows, as plain data (`client`: a drover.client.Client)."""
+    job = to_dict(client.get(job_id))
+    events = [{"step": e.step, "time": e.time, "kind": e.kind, **e.details} for e in client.events(job_id)]
+    plans = [to_dict(p) for p in client.plans(job_id)]
+    history = [to_dict(p) for p in client.history(job_id)]
     return {"job": job, "events": events, "plans": plans, "history": history, "marked": MARKED}
 
 
@@ -107,10 +102,10 @@ def render(data: dict) -> str:
     return PAGE.format(title=html.escape(title), facts=rows, legend=legend, data=embedded, style=STYLE, draw=DRAW)
 
 
-def write_report(stub, job_id: str, out: str | Path) -> Path:
+def write_report(client, job_id: str, out: str | Path) -> Path:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(gather(stub, job_id)))
+    path.write_text(render(gather(client, job_id)))
     return path
 
 

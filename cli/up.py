@@ -20,7 +20,6 @@ from drover.planner.cluster import load_cluster
 from drover.planner.network import load_network
 from drover.planner.wire import job_state_name
 
-from .client import jobs_pb2
 from .local_cluster import LocalCluster
 from .models import ModelReader
 from .netem import NetworkEmulation, NetworkError
@@ -235,19 +234,19 @@ def up(
             )
             click.echo(f"metrics (the server's over TLS, CA {cluster.certs / 'ca.pem'}): {listed}")
         for device, rate, step in straggles:
-            cluster.stub.Straggle(jobs_pb2.StraggleRequest(device=device, rate=rate, from_step=step))
+            cluster.client.straggle(device, rate, step)
         faults = [(step, "kill", name) for name, step in kills] + [(step, "join", name) for name, step in joins]
         faults += [(step, "slow-link", (net, node, gbps, network)) for net, node, gbps, step in slow_links]
         if faults:
             threading.Thread(target=_faults_at_steps, args=(cluster, submitted.id, faults), daemon=True).start()
-        _follow(cluster.stub, submitted.id, out)
+        _follow(cluster.client, submitted.id, out)
         job = cluster.job(submitted.id)
         slow_from_start = [0] if cluster_file and any(r > 1 for r in emulated.rates.values()) else []
         slowed = [s[2] for s in straggles] + slow_from_start + [step for *_, step in slow_links]
         click.echo(summary(out, job, slowed, cluster.database))
         if job.HasField("progress"):  # what reached the control plane with the telemetry
             click.echo(f"last progress: {progress_line(job.progress, job.steps)}")
-        click.echo(f"report: {write_report(cluster.stub, job.id, out / 'report.html')}")
+        click.echo(f"report: {write_report(cluster.client, job.id, out / 'report.html')}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
 
@@ -278,11 +277,11 @@ def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple]) ->
         time.sleep(0.05)
 
 
-def _follow(stub, job_id: str, out: Path) -> None:
+def _follow(client, job_id: str, out: Path) -> None:
     """Write events.jsonl as events arrive and show progress, until the job ends."""
     with open(out / "events.jsonl", "w") as events:
-        for event in stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)):
-            record = {"time": event.time, "step": event.step, "kind": event.kind, **json.loads(event.details_json)}
+        for event in client.watch(job_id):
+            record = {"time": event.time, "step": event.step, "kind": event.kind, **event.details}
             events.write(json.dumps(record) + "\n")
             events.flush()
             shown = {k: v for k, v in record.items() if k not in ("time", "step", "kind", "plan")}

@@ -23,6 +23,7 @@ FOLDERS = {
     "drover.planner": ROOT / "planner",
     "drover.storage": ROOT / "storage",
     "drover.metrics": ROOT / "metrics",
+    "drover.client": ROOT / "client",
     "drover.control_plane": ROOT / "control_plane",
     "drover.agent": ROOT / "agent",
     "drover.cli": ROOT / "cli",
@@ -33,11 +34,13 @@ ALLOWED = {
     "drover.planner": {"drover.v1"},
     "drover.storage": set(),
     "drover.metrics": set(),
+    # reads a job file as the CLI does (control_plane.jobfile: parsing, no server)
+    "drover.client": {"drover.v1", "drover.planner", "drover.control_plane"},
     "drover.control_plane": {"drover.v1", "drover.planner", "drover.storage", "drover.metrics"},
     "drover.agent": {"drover.v1", "drover.planner", "drover.metrics"},
     "drover.cli": {
         *("drover.v1", "drover.planner", "drover.storage", "drover.metrics", "drover.control_plane"),
-        "drover.agent",
+        *("drover.agent", "drover.client"),
     },
 }
 # package -> third-party modules it must not import: the planner stays pure, the control
@@ -46,6 +49,7 @@ FORBIDDEN_EXTERNAL = {
     "drover.planner": {"torch", "grpc", "sqlalchemy", "asyncio"},
     "drover.storage": {"torch", "grpc"},
     "drover.metrics": {"torch", "grpc", "sqlalchemy"},
+    "drover.client": {"torch", "sqlalchemy"},
     "drover.control_plane": {"torch"},
     "drover.agent": {"sqlalchemy"},
 }

@@ -1,0 +1,58 @@
+"""drover.client against a real control plane in process and simulated agents (the plugin's
+fixtures): typed results, events with their details, the final state, and errors by code."""
+
+from __future__ import annotations
+
+import pytest
+
+from drover.client import AsyncClient, Client, FailedPrecondition, InvalidArgument, NotFound
+from drover.v1 import state_pb2
+
+from support import ROOT, TINY_JOB
+
+
+def test_a_job_submitted_watched_and_waited_for(drover_control_plane, drover_agent):
+    drover_agent("node-0")
+    drover_agent("node-1", rates={"node-1/1": 3.0})
+    with Client(drover_control_plane.address) as drover:
+        job = drover.submit_file(ROOT / "examples" / "jobs" / "tiny.yaml", out_dir="out")
+        assert job.state == state_pb2.JOB_STATE_RUNNING and job.steps == 30
+        kinds = [event.kind for event in drover.watch(job.id)]  # until the job ends
+        assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
+        assert drover.wait(job.id, timeout_s=10) == "completed"
+        assert [e.kind for e in drover.events(job.id)] == kinds
+        started = drover.events(job.id)[0]
+        assert started.details["devices"] == ["node-0/0", "node-0/1", "node-1/0", "node-1/1"]
+        assert [j.id for j in drover.list()] == [job.id]
+        assert [p.version for p in drover.plans(job.id)][0] == 1 and drover.plan(job.id).version >= 1
+        assert [p.step for p in drover.history(job.id)] == list(range(30))
+        assert {n.name for n in drover.nodes()} == {"node-0", "node-1"}
+        assert drover.drain("node-1").drained and not drover.undrain("node-1").drained
+
+
+def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drover_control_plane, drover_agent):
+    with Client(drover_control_plane.address) as drover:
+        with pytest.raises(NotFound) as missing:
+            drover.get("job-404")
+        assert "job-404" in missing.value.details and missing.value.code.name == "NOT_FOUND"
+        with pytest.raises(InvalidArgument, match="steps"):
+            drover.submit(TINY_JOB.replace("steps: 30", "steps: -1"))
+        with pytest.raises(FailedPrecondition, match="start agents first"):
+            drover.submit(TINY_JOB)  # no agent yet
+        drover_agent("node-0")
+        job = drover.submit(TINY_JOB)
+        assert drover.wait(job.id, timeout_s=10) == "completed"
+        with pytest.raises(FailedPrecondition, match="only a running job can be cancelled"):
+            drover.cancel(job.id)
+
+
+async def test_the_asyncio_client(drover_control_plane, drover_agent):
+    drover_agent("node-0")
+    async with AsyncClient(drover_control_plane.address) as drover:
+        job = await drover.submit(TINY_JOB, out_dir="out")
+        kinds = [event.kind async for event in drover.watch(job.id)]
+        assert kinds[-1] == "job_completed" and await drover.wait(job.id) == "completed"
+        assert [j.id for j in await drover.list()] == [job.id]
+        assert len(await drover.history(job.id)) == 30
+        with pytest.raises(NotFound):
+            await drover.get("job-404")
