@@ -24,7 +24,7 @@ CHUNK_BYTES = 64 * 1024
 MAX_TAIL_BYTES = 16 * 1024 * 1024
 DEFAULT_TAIL_BYTES = 1024 * 1024
 MAX_READERS = 8  # log requests served at once; more are refused with a note
-DEFAULT_WINDOW, MAX_WINDOW = 32, 256  # data chunks in flight a request, before acknowledgements
+MAX_WINDOW = 256  # data chunks in flight a request, before acknowledgements
 FOLLOW_EVERY_S = 0.5
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -44,7 +44,8 @@ class Credit:
     plane acknowledges what its reader took (AckLogs), never more than `window` outstanding."""
 
     def __init__(self, window: int):
-        self.window = min(window or DEFAULT_WINDOW, MAX_WINDOW)
+        # 0: a control plane that does not acknowledge (older than flow control): no limit.
+        self.window = min(window, MAX_WINDOW) if window else 1 << 62
         self.left = self.window
         self.changed = asyncio.Event()
 

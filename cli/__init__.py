@@ -14,7 +14,6 @@ import sys
 import click
 import grpc
 
-from drover.client import DroverError, error_of
 from drover.control_plane.api import StartError
 from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
@@ -71,16 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"drover: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except (grpc.RpcError, DroverError) as failed:
-        exc = failed if isinstance(failed, DroverError) else error_of(failed)
-        click.echo(f"drover: error: {exc.code.name}: {exc.details}", err=True)
-        if exc.code == grpc.StatusCode.UNAVAILABLE:
+    except grpc.RpcError as exc:  # drover.client's DroverError is one
+        click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
             click.echo(
                 "drover: no control plane answered at that address: start one (drover server, or drover up), "
                 "or give its address with --control-plane HOST:PORT or DROVER_CONTROL_PLANE",
                 err=True,
             )
-        sys.exit(2 if exc.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+        sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
     except (LocalClusterError, StoreError, StartError, MetricsError) as exc:
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(1)

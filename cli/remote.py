@@ -126,8 +126,9 @@ def _watch(client: Client, job_id: str, as_json: bool) -> None:
 def _follow(client: Client, job_id: str, as_json: bool) -> None:
     events = client.watch(job_id)
     if as_json:
-        for event in events:
-            click.echo(json.dumps(asdict(event)))
+        for event in events:  # the Event message's JSON form, as before the client
+            fields = {k: v for k, v in asdict(event).items() if k != "details"}
+            click.echo(json.dumps({**fields, "details_json": json.dumps(event.details)}))
         return
     from rich.console import Console
     from rich.live import Live

@@ -63,8 +63,7 @@ if (!devices.length) {
   empty("heatmap", "no rates reported yet");
 } else {
   const row = 16, heat = frame("heatmap", W, T + row * devices.length + B);
-  const width = Math.max((W - L - R) / (lastStep + 1), 1);  // a column a step
-  const column = step => L + width * step;
+  const column = step => L + (W - L - R) * step / (lastStep + 1);  // the whole run fits the width
   const colour = r => { const t = Math.min(Math.max((r - 1) / 3, 0), 1);
                         return "rgb(" + Math.round(255 - 40 * t) + "," + Math.round(245 - 200 * t) + "," + Math.round(235 - 200 * t) + ")"; };
   devices.forEach((device, i) => {
@@ -73,7 +72,7 @@ if (!devices.length) {
       const rate = (p.rates || {})[device];
       if (rate === undefined) return;
       const until = k + 1 < history.length ? column(history[k + 1].step) : column(lastStep + 1);
-      const cell = el("rect", {x: column(p.step), y: T + row * i, width: Math.max(until - column(p.step), width),
+      const cell = el("rect", {x: column(p.step), y: T + row * i, width: Math.max(until - column(p.step), 1),
                                height: row - 2, fill: colour(rate),
                                class: "cell", "data-device": device, "data-step": p.step, "data-rate": rate}, heat);
       el("title", {}, cell, device + " at step " + p.step + ": " + rate + "x");

@@ -48,15 +48,15 @@ MAX_POINTS = 2000  # history points drawn; a longer run is thinned to about this
 
 
 def thin(history: list[dict], limit: int = MAX_POINTS) -> list[dict]:
-    """At most about `limit` points: each the last of a run of consecutive ones, with the
-    run's mean samples/s and loss and each device's worst rate (a short straggle still shows)."""
+    """At most about `limit` points: one per run of consecutive ones, at the run's first step,
+    with its mean samples/s and loss and each device's worst rate (a short straggle still shows)."""
     size = -(-len(history) // limit) if history else 1
     if size <= 1:
         return history
     out = []
     for start in range(0, len(history), size):
         run = history[start : start + size]
-        point = dict(run[-1])
+        point = dict(run[-1], step=run[0]["step"])  # drawn from where its run starts
         for key in ("samples_per_s", "loss"):
             values = [p[key] for p in run if isinstance(p.get(key), (int, float))]
             if values:

@@ -10,7 +10,7 @@
 
 Results are the typed drover.v1 messages (Job, Node, PlanRecord, HistoryPoint, LogLines), and
 events are `Event`s with their details as a dict. A failed call raises a `DroverError` of the
-status code's subclass (NotFound, InvalidArgument, PermissionDenied, ...), its `details` the
+status code's subclass (NotFound, InvalidArgument, PermissionDenied, ...), its `details()` the
 server's message, which names the field, the value and what is allowed. TLS and the bearer
 token come from a `Target`, as for the CLI (which uses this client).
 """
@@ -68,13 +68,20 @@ class Event:
         return cls(message.time, message.step, message.job_id, message.kind, json.loads(message.details_json or "{}"))
 
 
-class DroverError(Exception):
-    """A call the control plane refused or could not serve: `code` (grpc.StatusCode) and
-    `details`, the server's message."""
+class DroverError(grpc.RpcError):
+    """A call the control plane refused or could not serve: `code()` (grpc.StatusCode) and
+    `details()`, the server's message, as grpc's own errors have them (and an `except
+    grpc.RpcError` catches it too)."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(f"{code.name}: {details}")
-        self.code, self.details = code, details
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 class InvalidArgument(DroverError): ...

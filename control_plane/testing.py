@@ -105,6 +105,7 @@ class SimulatedAgent:
             stub, deadline = jobs_pb2_grpc.JobServiceStub(channel), time.monotonic() + 10
             while not any(n.name == node and n.connected for n in _all_nodes(stub)):
                 if time.monotonic() > deadline:
+                    self.stop()
                     raise TimeoutError(f"the control plane at {address} did not list {node} within 10 s")
                 time.sleep(0.01)
 

@@ -83,6 +83,7 @@ class _Server(ThreadingMixIn, WSGIServer):
     handshake while accepting, where it blocks every scrape)."""
 
     daemon_threads = True
+    block_on_close = False  # stopping does not wait for a slow client's thread
     context: ssl.SSLContext | None = None
     connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
 

@@ -24,18 +24,25 @@ SNAPSHOT = Path(__file__).resolve().parents[1] / "protos" / "drover" / "v1" / "w
 
 
 def _files() -> list[descriptor_pb2.FileDescriptorProto]:
-    from drover.v1 import agent_pb2, jobs_pb2, plan_pb2, state_pb2
+    """Every drover.v1 .proto file's descriptor (a new file is checked from its first release)."""
+    import importlib
 
     out = []
-    for module in (state_pb2, plan_pb2, agent_pb2, jobs_pb2):
+    for path in sorted((SNAPSHOT.parent).glob("*.proto")):
+        module = importlib.import_module(f"drover.v1.{path.stem}_pb2")
         proto = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(proto)
         out.append(proto)
     return out
 
 
-def _reserved(ranges) -> list[int]:
-    return sorted(n for r in ranges for n in range(r.start, r.end))  # a message's: end exclusive
+def _reserved(ranges, inclusive: bool = False) -> list[list[int]]:
+    """[start, end] pairs, end inclusive (a message's ranges end exclusive, an enum's inclusive)."""
+    return [[r.start, r.end if inclusive else r.end - 1] for r in ranges]
+
+
+def _is_reserved(number: int, ranges: list[list[int]]) -> bool:
+    return any(start <= number <= end for start, end in ranges)
 
 
 def snapshot(files: list[descriptor_pb2.FileDescriptorProto]) -> dict:
@@ -45,7 +52,7 @@ def snapshot(files: list[descriptor_pb2.FileDescriptorProto]) -> dict:
     def enum(prefix: str, e) -> None:
         enums[f"{prefix}.{e.name}"] = {
             "values": {str(v.number): v.name for v in e.value},
-            "reserved": sorted(n for r in e.reserved_range for n in range(r.start, r.end + 1)),  # end inclusive
+            "reserved": _reserved(e.reserved_range, inclusive=True),
         }
 
     def message(prefix: str, m) -> None:
@@ -57,6 +64,10 @@ def snapshot(files: list[descriptor_pb2.FileDescriptorProto]) -> dict:
                     "type": descriptor_pb2.FieldDescriptorProto.Type.Name(f.type),
                     "type_name": f.type_name,
                     "repeated": f.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+                    # the oneof it belongs to (a proto3 optional's synthetic one is no oneof)
+                    "oneof": m.oneof_decl[f.oneof_index].name
+                    if f.HasField("oneof_index") and not f.proto3_optional
+                    else "",
                 }
                 for f in m.field
             },
@@ -94,28 +105,27 @@ def breaking(old: dict, new: dict) -> list[str]:
         for number, field in was["fields"].items():
             current = now["fields"].get(number)
             if current is None:
-                if int(number) not in now["reserved"]:
+                if not _is_reserved(int(number), now["reserved"]):
                     problems.append(f"{name}.{field['name']} = {number} was removed without reserving {number}")
                 continue
-            for key in ("type", "type_name", "repeated"):
+            for key in ("type", "type_name", "repeated", "oneof"):
                 if current[key] != field[key]:
                     problems.append(
                         f"{name} field {number} ({field['name']}) changed {key}: {field[key]!r} -> {current[key]!r}"
                     )
-        for number in was["reserved"]:
-            if str(number) in now["fields"]:
-                user = now["fields"][str(number)]["name"]
-                problems.append(f"{name} field {number} was reserved and is used again by {user}")
+        for number, current in now["fields"].items():
+            if _is_reserved(int(number), was["reserved"]):
+                problems.append(f"{name} field {number} was reserved and is used again by {current['name']}")
     for name, was in old["enums"].items():
         now = new["enums"].get(name)
         if now is None:
             problems.append(f"enum {name} was removed")
             continue
         for number, value in was["values"].items():
-            if number not in now["values"] and int(number) not in now["reserved"]:
+            if number not in now["values"] and not _is_reserved(int(number), now["reserved"]):
                 problems.append(f"{name}.{value} = {number} was removed without reserving {number}")
-        for number in was["reserved"]:
-            if str(number) in now["values"]:
+        for number in now["values"]:
+            if _is_reserved(int(number), was["reserved"]):
                 problems.append(f"{name} value {number} was reserved and is used again")
     for name, was in old["rpcs"].items():
         now = new["rpcs"].get(name)

@@ -177,6 +177,8 @@ class Store:
             for held in (self._lock, self._held):
                 if held is not None:
                     held.close()
+            if getattr(self, "engine", None) is not None:
+                self.engine.dispose()  # PostgreSQL's session, and its advisory lock, end with it
             raise
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-db-writer")

@@ -48,6 +48,8 @@ def test_a_long_run_is_thinned_and_a_one_step_straggle_still_shows(tmp_path, chr
     assert series and max(series) <= MAX_POINTS
     cells = [a for _, a in elements if a.get("class") == "cell" and a["data-device"] == "n1/0"]
     assert max(float(a["data-rate"]) for a in cells) == 3.0  # the worst of its run
+    right = max(float(a["x"]) + float(a["width"]) for _, a in elements if a.get("class") == "cell")
+    assert right <= 900  # the whole run inside the chart's width
     assert [(a["data-kind"], a["data-step"]) for _, a in elements if a.get("class") == "marker"] == [
         ("plan_pushed", "70000")
     ]
@@ -66,4 +68,4 @@ def test_thin_keeps_short_runs_whole_and_means_long_ones():
     short = job_data(10, [], [])["history"]
     assert thin(short, 20) == short
     long = thin(job_data(1000, [], [])["history"], 100)
-    assert len(long) == 100 and long[-1]["step"] == 999 and long[0]["samples_per_s"] == 100.0
+    assert len(long) == 100 and long[-1]["step"] == 990 and long[0]["samples_per_s"] == 100.0

@@ -3,6 +3,7 @@ fixtures): typed results, events with their details, the final state, and errors
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from drover.client import AsyncClient, Client, FailedPrecondition, InvalidArgument, NotFound
@@ -34,7 +35,8 @@ def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drove
     with Client(drover_control_plane.address) as drover:
         with pytest.raises(NotFound) as missing:
             drover.get("job-404")
-        assert "job-404" in missing.value.details and missing.value.code.name == "NOT_FOUND"
+        assert "job-404" in missing.value.details() and missing.value.code().name == "NOT_FOUND"
+        assert isinstance(missing.value, grpc.RpcError)  # what code catching grpc's errors expects
         with pytest.raises(InvalidArgument, match="steps"):
             drover.submit(TINY_JOB.replace("steps: 30", "steps: -1"))
         with pytest.raises(FailedPrecondition, match="start agents first"):

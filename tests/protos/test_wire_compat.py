@@ -27,6 +27,7 @@ def api() -> descriptor_pb2.FileDescriptorProto:
     job.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     job.field.add(name="devices", number=3, type=F.TYPE_STRING, label=F.LABEL_REPEATED)
     job.reserved_range.add(start=5, end=6)
+    job.reserved_range.add(start=1000, end=536870912)  # "reserved 1000 to max": ranges, never expanded
     state = f.enum_type.add(name="State")
     state.value.add(name="UNKNOWN", number=0)
     state.value.add(name="RUNNING", number=1)
@@ -78,6 +79,10 @@ def test_additions_and_renames_are_compatible(change):
         (lambda f: f.service[0].method.pop(), "rpc t.Jobs.Get was removed"),
         (lambda f: setattr(f.service[0].method[0], "server_streaming", True), "rpc t.Jobs.Get changed"),
         (lambda f: f.message_type.pop(), "message t.Job was removed"),
+        (
+            lambda f: (f.message_type[0].oneof_decl.add(name="choice"), setattr(field(f, 2), "oneof_index", 0)),
+            "t.Job field 2 (name) changed oneof",
+        ),
     ],
     ids=[
         "field-removed",
@@ -88,6 +93,7 @@ def test_additions_and_renames_are_compatible(change):
         "rpc-removed",
         "rpc-streaming-changed",
         "message-removed",
+        "moved-into-a-oneof",
     ],
 )
 def test_each_break_is_caught(change, expected):
