@@ -992,7 +992,10 @@ class ControlPlane:
             elif isinstance(action, coordinator.PushPlan):
                 if job.ending:
                     break  # no new plan for a job that is ending
-                version = await self._push(job, action.plan, action.rates, action.reason)
+                version = await self._push(job, action.plan, action.rates, action.reason, generation)
+                if version is None:  # the world changed first: decide again for the new one
+                    job.wake.set()
+                    break
                 job.planned_links.update(action.links)
                 if forced is not None and not forced[1].done():
                     forced[1].set_result(version)
@@ -1016,14 +1019,23 @@ class ControlPlane:
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)
 
-    async def _push(self, job: RunningJob, plan: Plan, rates: dict[str, float], reason: str) -> int:
-        row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
-        job.plan, job.version, job.planned_rates = plan, row.version, dict(rates)
-        await self._event(job, "plan_pushed", {"plan_version": row.version, "reason": reason})
-        for node in job.nodes:
-            if node in self.outboxes:
-                self.outboxes[node].put_nowait(self._plan_update(job))
-        return row.version
+    async def _push(
+        self, job: RunningJob, plan: Plan, rates: dict[str, float], reason: str, generation: int
+    ) -> int | None:
+        """Store and send a plan made for world `generation`; None, and nothing done, when a
+        recovery or a join changed the world first. Holding the world lock, no change can start
+        until the plan is out: a plan naming devices of an older world never reaches workers
+        already in a newer one (they would not know those devices)."""
+        async with job.world_change:
+            if job.generation != generation:
+                return None
+            row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
+            job.plan, job.version, job.planned_rates = plan, row.version, dict(rates)
+            await self._event(job, "plan_pushed", {"plan_version": row.version, "reason": reason})
+            for node in job.nodes:
+                if node in self.outboxes:
+                    self.outboxes[node].put_nowait(self._plan_update(job))
+            return row.version
 
     async def _commit(self, job: RunningJob, version: int) -> None:
         await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
