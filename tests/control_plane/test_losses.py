@@ -113,3 +113,48 @@ async def test_a_plan_made_for_the_world_before_a_recovery_is_not_pushed(plane):
         devices = {d for p in message.plan.plan.pipelines for s in p.stages for d in s.devices}
         assert devices <= {"node-0/0", "node-0/1"}
     replan.cancel()
+
+
+async def test_a_recovery_does_not_start_while_a_plan_is_on_its_way_out(plane):
+    """The other window: a node lost while the plan is being stored. The plan (for the world
+    that still has node-1) must reach the survivors before the new world does, never after it
+    (seen once more in CI as KeyError: 'node-1/0')."""
+    survivor, doomed = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit()
+    for agent in (survivor, doomed):
+        await agent.receive()
+    propose, write = plane.cp._propose, plane.cp.store.write
+
+    async def armed(running, rates):  # the next write is the plan's
+        plane.cp._propose = propose
+        plane.cp.store.write = lost_while_storing
+        return await propose(running, rates)
+
+    async def lost_while_storing(fn):
+        plane.cp.store.write = write
+        doomed.call.cancel()
+        await eventually(lambda: "node-1" not in plane.cp.outboxes, what="node-1's stream to end")
+        stalled(survivor, job.id)
+        for _ in range(40):  # give a recovery every chance to start meanwhile
+            if plane.cp.jobs[job.id].generation:
+                break
+            await asyncio.sleep(0.05)
+        return await write(fn)
+
+    plane.cp._propose = armed
+    replan = asyncio.create_task(plane.cp.replan(job.id, "asked by the test"))
+    seen = []
+    while not any(m.HasField("recover") for m in seen):
+        seen.append(await survivor.receive(timeout_s=10.0))
+    try:
+        while True:
+            seen.append(await survivor.receive(timeout_s=1.0))
+    except TimeoutError:
+        pass
+    world = next(i for i, m in enumerate(seen) if m.HasField("recover"))
+    for message in seen[world:]:
+        if message.HasField("plan"):
+            devices = {d for p in message.plan.plan.pipelines for s in p.stages for d in s.devices}
+            assert devices <= {"node-0/0", "node-0/1"}, f"plan {message.plan.version} after the world: {devices}"
+    replan.cancel()
