@@ -99,3 +99,23 @@ def test_additions_and_renames_are_compatible(change):
 def test_each_break_is_caught(change, expected):
     problems = check(change)
     assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_a_breaking_change_to_drovers_own_descriptors_is_caught():
+    """On a mutated copy of drover.v1's descriptors: Job.step removed, Plan.micro_batch retyped,
+    an RPC dropped."""
+    files = wire_compat._files()
+    released = wire_compat.snapshot(files)
+    for f in files:
+        for message in f.message_type:
+            if message.name == "Job":
+                message.field.remove(next(x for x in message.field if x.name == "step"))
+            if message.name == "Plan":
+                next(x for x in message.field if x.name == "micro_batch").type = F.TYPE_STRING
+        for service in f.service:
+            if service.name == "JobService":
+                service.method.remove(next(m for m in service.method if m.name == "CancelJob"))
+    problems = wire_compat.breaking(released, wire_compat.snapshot(files))
+    assert any(p.startswith("drover.v1.Job.step = ") and "without reserving" in p for p in problems), problems
+    assert any(p.startswith("drover.v1.Plan field") and "micro_batch" in p and "type" in p for p in problems)
+    assert "rpc drover.v1.JobService.CancelJob was removed" in problems
