@@ -30,16 +30,6 @@ def submit_job(
     return client.submit_file(job_file, out_dir, resume, reader or ModelReader())
 
 
-def all_pages(method, request, field: str):
-    """Every item of a paginated listing: `method(request)` page by page."""
-    while True:
-        page = method(request)
-        yield from getattr(page, field)
-        if not page.next_page_token:
-            return
-        request.page_token = page.next_page_token
-
-
 def to_dict(message) -> dict:
     """The message as JSON's types: proto3's JSON mapping writes 64-bit integers as strings
     (for JavaScript); a script reading `--json` gets numbers."""

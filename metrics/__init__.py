@@ -85,7 +85,7 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False  # stopping does not wait for a slow client's thread
     context: ssl.SSLContext | None = None
-    connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    connections: threading.BoundedSemaphore  # each server's own (serve)
 
     def process_request(self, request, client_address) -> None:
         if not self.connections.acquire(blocking=False):  # a flood of connections: the rest are closed
