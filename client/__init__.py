@@ -5,14 +5,18 @@
     with Client(Target.from_files("cp.example.org:50051", "ca.pem", "operator.token")) as drover:
         job = drover.submit_file("examples/jobs/tiny.yaml", out_dir="runs/one")
         for event in drover.watch(job.id):
-            print(event.step, event.kind, event.details)
+            if event.type == EventKind.EVENT_KIND_STRAGGLER_DETECTED:
+                print(event.step, event.payload.device, event.payload.rate)
         assert drover.wait(job.id) == "completed"
 
-Results are the typed drover.v1 messages (Job, Node, PlanRecord, HistoryPoint, LogLines), and
-events are `Event`s with their details as a dict. A failed call raises a `DroverError` of the
-status code's subclass (NotFound, InvalidArgument, PermissionDenied, ...), its `details()` the
-server's message, which names the field, the value and what is allowed. TLS and the bearer
-token come from a `Target`, as for the CLI (which uses this client).
+A job is a drover.v1.JobSpec: built field by field, or from a job file's mapping or text with
+`job_spec` (`submit_file` reads the file and its model file where you run it). Results are the
+typed drover.v1 messages (Job, Node, PlanRecord, HistoryPoint, LogLines), and events are
+`Event`s: the kind as an EventKind, its typed payload, and the details as a dict. A failed
+call raises a `DroverError` of the status code's subclass (NotFound, InvalidArgument,
+PermissionDenied, ...), its `details()` the server's message, which names the field, the value
+and what is allowed. TLS and the bearer token come from a `Target`, as for the CLI (which uses
+this client).
 """
 
 from __future__ import annotations
@@ -24,9 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import yaml
+from google.protobuf.message import Message
 
-from drover.planner.wire import is_loopback, job_state_name
+from drover.planner.wire import is_loopback, job_state_name, message_from_fields
 from drover.v1 import jobs_pb2, jobs_pb2_grpc
+from drover.v1.events_pb2 import EventKind
+from drover.v1.jobspec_pb2 import JobSpec
+
+__all__ = ["AsyncClient", "Client", "DroverError", "Event", "EventKind", "JobSpec", "Target", "job_spec"]
 
 ENDED = ("completed", "failed", "cancelled")
 
@@ -55,17 +65,37 @@ class Target:
         )
 
 
+def job_spec(job: str | dict) -> JobSpec:
+    """A JobSpec from a job file's text (YAML, the model inline) or mapping, as it stands: the
+    control plane checks it and names the field of anything wrong (InvalidArgument)."""
+    data = yaml.safe_load(job) if isinstance(job, str) else job
+    if not isinstance(data, dict):
+        raise ValueError(f"a job file's mapping (steps, model, ...), not {type(data).__name__}")
+    return message_from_fields(data, JobSpec())
+
+
 @dataclass(frozen=True)
 class Event:
     time: float
     step: int
     job_id: str
-    kind: str
+    kind: str  # the type's name in lower case: "straggler_detected"
     details: dict = field(default_factory=dict)
+    type: int = EventKind.EVENT_KIND_UNSPECIFIED  # an EventKind; a newer server's kinds: their number
+    payload: Message | None = None  # the typed details (StragglerDetected, ...); None for unknown kinds
 
     @classmethod
     def of(cls, message: jobs_pb2.Event) -> Event:
-        return cls(message.time, message.step, message.job_id, message.kind, json.loads(message.details_json or "{}"))
+        which = message.WhichOneof("payload")
+        return cls(
+            message.time,
+            message.step,
+            message.job_id,
+            message.kind,
+            json.loads(message.details_json or "{}"),
+            message.type,
+            getattr(message, which) if which else None,
+        )
 
 
 class DroverError(grpc.RpcError):
@@ -167,16 +197,17 @@ class Client:
 
     # -- jobs ------------------------------------------------------------------------
 
-    def submit(self, job_yaml: str, out_dir: str = "") -> jobs_pb2.Job:
-        """A job file's text with its model inline (see `submit_file`)."""
-        return self._call("SubmitJob", jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir=out_dir))
+    def submit(self, spec: JobSpec, out_dir: str = "") -> jobs_pb2.Job:
+        """A job (see `job_spec` and `submit_file`); it runs in `out_dir` under each agent's data root."""
+        return self._call("SubmitJob", jobs_pb2.SubmitJobRequest(spec=spec, out_dir=out_dir))
 
     def submit_file(self, path: str | Path, out_dir: str = "", resume: str | None = None, reader=None) -> jobs_pb2.Job:
         """A job file (docs/jobs.md), read here with its model file inlined; `reader` completes a
         custom model (drover.cli.models.ModelReader counts its parameters)."""
         from drover.control_plane.jobfile import read_job_file
 
-        return self.submit(read_job_file(path, resume, reader) if reader else read_job_file(path, resume), out_dir)
+        fields = read_job_file(path, resume, reader) if reader else read_job_file(path, resume)
+        return self.submit(job_spec(fields), out_dir)
 
     def get(self, job_id: str) -> jobs_pb2.Job:
         return self._call("GetJob", jobs_pb2.GetJobRequest(job_id=job_id))
@@ -286,8 +317,8 @@ class AsyncClient:
                 return out
             request.page_token = page.next_page_token
 
-    async def submit(self, job_yaml: str, out_dir: str = "") -> jobs_pb2.Job:
-        return await self._call("SubmitJob", jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir=out_dir))
+    async def submit(self, spec: JobSpec, out_dir: str = "") -> jobs_pb2.Job:
+        return await self._call("SubmitJob", jobs_pb2.SubmitJobRequest(spec=spec, out_dir=out_dir))
 
     async def get(self, job_id: str) -> jobs_pb2.Job:
         return await self._call("GetJob", jobs_pb2.GetJobRequest(job_id=job_id))

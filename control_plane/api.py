@@ -28,14 +28,15 @@ from drover.metrics import serve as serve_metrics
 from drover.metrics import stop as stop_metrics
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.plan import plan_from_dict
-from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, plan_to_proto
+from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, message_from_fields, plan_to_proto
 from drover.storage import queries
 from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc
 
 from .controller import REPLACED, TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
+from .jobfile import JobSpec, job_from_spec, job_from_wire
 from .limits import RateLimiter, ResourceExhausted
 from .logs import MAX_OPEN, MAX_TAIL_BYTES
 from .logs import stream as stream_logs
@@ -243,8 +244,34 @@ def _peer_host(peer: str) -> str:
     return "127.0.0.1"
 
 
+def _submitted(request: jobs_pb2.SubmitJobRequest) -> JobSpec:
+    """The job of a SubmitJobRequest: its JobSpec, or the deprecated YAML."""
+    if request.HasField("spec") == bool(request.job_yaml):
+        raise InvalidArgument("request: set exactly one of spec and job_yaml (deprecated)")
+    return job_from_spec(request.spec) if request.HasField("spec") else job_from_wire(request.job_yaml)
+
+
+PAYLOAD_KEYS = {"from": "recovered_from"}  # stored details' keys that are no field name (a Python keyword)
+
+
 def _event(row) -> jobs_pb2.Event:
-    return jobs_pb2.Event(time=row.time, step=row.step, job_id=row.job_id, kind=row.kind, details_json=row.details_json)
+    """A stored event, typed: kind -> EVENT_KIND_KIND, its details -> the payload named like it."""
+    event = jobs_pb2.Event(
+        time=row.time, step=row.step, job_id=row.job_id, kind=row.kind, details_json=row.details_json
+    )
+    name = f"EVENT_KIND_{row.kind.upper()}"
+    if name not in events_pb2.EventKind.keys():
+        return event  # stored by a newer server: kind and details_json only
+    event.type = events_pb2.EventKind.Value(name)
+    payload = getattr(event, row.kind)
+    payload.SetInParent()
+    details = {PAYLOAD_KEYS.get(k, k): v for k, v in json.loads(row.details_json or "{}").items()}
+    try:
+        message_from_fields(details, payload)
+    except ValueError as exc:  # details from an older server: its kind and details_json still tell
+        log.warning("event %s of job %s has no typed payload: %s", row.kind, row.job_id, exc)
+        event.ClearField(row.kind)
+    return event
 
 
 def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
@@ -318,7 +345,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.limits.check(name, caller.name)
 
     async def SubmitJob(self, request, context):
-        return _job(await self.cp.submit(request.job_yaml, request.out_dir))
+        return _job(await self.cp.submit(_submitted(request), request.out_dir))
 
     async def GetJob(self, request, context):
         job = await self.read(lambda s: queries.get_job(s, request.job_id))

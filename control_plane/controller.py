@@ -584,8 +584,7 @@ class ControlPlane:
             raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
         return job
 
-    async def submit(self, job_yaml: str, out_dir: str) -> Job:
-        spec = job_from_wire(job_yaml, "job_yaml")
+    async def submit(self, spec: JobSpec, out_dir: str) -> Job:
         out_dir = check_out_dir(out_dir)
         job_id = f"job-{int(time.time() * 1000) % 10**10}{secrets.randbelow(100):02d}"  # unique, and a number
         out = out_dir or f"jobs/{job_id}"  # relative: each agent resolves it inside its data root

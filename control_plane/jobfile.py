@@ -2,10 +2,12 @@
 it trains (steps, seed, optimizer, schedule, data, init, checkpoint, eval,
 precision: drover.planner.training, which imports no torch).
 
-Over the network a job is its file's text with the model inline: the CLI
-reads the files where the user runs it (`read_job_file`) and the server
-never opens a path it was sent (`job_from_wire`). Wire YAML may not use
-aliases, so a few hundred bytes cannot expand into gigabytes.
+Over the network a job is a drover.v1.JobSpec, whose fields are the job
+file's keys with the model inline: the CLI reads the files where the user
+runs it (`read_job_file`) and the server never opens a path it was sent
+(`job_from_spec`). The deprecated YAML form (`job_from_wire`, also how a
+stored job is read back) may not use aliases, so a few hundred bytes cannot
+expand into gigabytes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
 from drover.planner.spec_io import Fields, load_mapping
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
+from drover.planner.wire import message_to_fields
+from drover.v1 import jobspec_pb2
 
 MAX_JOB_BYTES = 64 * 1024  # a job with its model inline is a few hundred bytes
 
@@ -93,6 +97,11 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
     return _job(data, source, base_dir=None)
 
 
+def job_from_spec(message: jobspec_pb2.JobSpec, source: str = "spec") -> JobSpec:
+    """A job sent as a JobSpec: checked as a job file with the same fields would be."""
+    return _job(message_to_fields(message), source, base_dir=None)
+
+
 # A model's fields, completed where the files are read (the CLI counts a custom model's
 # parameters from its built parts: cli/models.py); given the path the model came from.
 Complete = Callable[[dict, Path], dict]
@@ -111,6 +120,7 @@ def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_give
         model_data = complete(load_mapping(model_path, "model"), model_path)
         model = model_from_dict(model_data, str(model_path))
     elif isinstance(raw_model, dict):
+        raw_model = {"name": str(f.get("name", "model"))[:128]} | raw_model  # an inline model is named by its job
         model_data = complete(raw_model, Path(source)) if base_dir is not None else raw_model
         model = model_from_dict(model_data, f"{source}: model")
     elif base_dir is None:
@@ -139,13 +149,13 @@ def load_job(path: str | Path, complete: Complete = _as_given) -> JobSpec:
     return _job(load_mapping(path, "job"), str(path), path.parent, complete)
 
 
-def read_job_file(path: str | Path, resume: str | None = None, complete: Complete = _as_given) -> str:
-    """A job file as the server takes it: YAML with the model inline (read here), and
-    `resume` (a checkpoint directory under the agents' data root) if given."""
+def read_job_file(path: str | Path, resume: str | None = None, complete: Complete = _as_given) -> dict:
+    """A job file as the server takes it: its mapping with the model inline (read here), and
+    `resume` (a checkpoint directory under the agents' data root) if given; what
+    drover.client.job_spec turns into a JobSpec."""
     path = Path(path)
     data = load_mapping(path, "job")
     if resume:
         data["resume"] = resume
     job = _job(dict(data), str(path), path.parent, complete)  # checked here: a bad file fails where the user can fix it
-    data["model"] = job.model_data
-    return yaml.safe_dump(data, sort_keys=False)
+    return ({"name": data["name"]} if "name" in data else {}) | job.wire_dict()

@@ -13,13 +13,16 @@ from pathlib import PurePosixPath
 from google.protobuf.descriptor import FieldDescriptor
 
 from drover.planner.errors import quote
+from drover.planner.training import MAX_PATH
 from drover.v1 import agent_pb2
 
 from .jobfile import MAX_JOB_BYTES
 
 MAX_COMPUTE_S = 3600.0  # per block per micro-batch: anything above is a broken clock, not a straggler
 MAX_STRING = 128  # ids and names
-MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096, "note": 1024}  # longer texts, by name
+# Longer texts, by name: a job's paths and entry point are checked in full by the job's own rules.
+MAX_STRINGS = {"job_yaml": MAX_JOB_BYTES, "reason": 1024, "detail": 4096, "note": 1024, "entry_point": 200}
+MAX_STRINGS |= dict.fromkeys(("data", "init", "dir", "resume"), MAX_PATH)
 MAX_BYTES = 64 * 1024  # a bytes field: a piece of a worker's log
 MAX_ITEMS = 1024  # devices of a node, samples of a message
 MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256, "steps": 256}

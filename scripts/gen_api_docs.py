@@ -16,7 +16,10 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTOS = ["drover/v1/state.proto", "drover/v1/plan.proto", "drover/v1/jobs.proto", "drover/v1/agent.proto"]
+PROTOS = [
+    *("drover/v1/state.proto", "drover/v1/plan.proto", "drover/v1/jobspec.proto", "drover/v1/events.proto"),
+    *("drover/v1/jobs.proto", "drover/v1/agent.proto"),
+]
 F = descriptor_pb2.FieldDescriptorProto
 SCALAR = {
     F.TYPE_DOUBLE: "double",
@@ -30,7 +33,15 @@ SCALAR = {
     F.TYPE_BYTES: "bytes",
 }
 SAMPLE = {F.TYPE_STRING: '"job-1"', F.TYPE_BOOL: "true"}
-SAMPLE_OF = {"device": '"node-1/0"', "node": '"node-1"', "job_yaml": '"steps: 30 ..."', "reason": '"why"'}
+SAMPLE_OF = {"device": '"node-1/0"', "node": '"node-1"', "reason": '"why"'}
+TINY_MODEL = '"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128, "global_batch": 16, "micro_batch": 2'
+# Requests whose first field alone makes no example: (grpcurl's JSON body, the Python arguments).
+EXAMPLE_OF = {
+    "SubmitJob": (
+        f'{{"spec": {{"model": {{{TINY_MODEL}}}, "steps": 30}}, "out_dir": "runs/one"}}',
+        f'spec=job_spec({{"model": {{{TINY_MODEL}}}, "steps": 30}}), out_dir="runs/one"',
+    ),
+}
 
 
 def descriptors() -> descriptor_pb2.FileDescriptorSet:
@@ -94,6 +105,7 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
         "",
         "```python",
         "import grpc",
+        "from drover.client import job_spec  # a job file's mapping or text as a JobSpec",
         "from drover.v1 import jobs_pb2, jobs_pb2_grpc",
         "",
         'credentials = grpc.ssl_channel_credentials(open("certs/ca.pem", "rb").read())',
@@ -125,6 +137,8 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                     first = next(iter(messages[request].field), None) if request in messages else None
                     sample = SAMPLE_OF.get(first.name, SAMPLE.get(first.type, "0")) if first else ""
                     body = f'{{"{first.name}": {sample}}}' if first else "{}"
+                    argument = f"{first.name}={sample}" if first else ""
+                    body, argument = EXAMPLE_OF.get(method.name, (body, argument))
                     lines += [
                         "```sh",
                         f"grpcurl -cacert certs/ca.pem -H \"authorization: Bearer $TOKEN\" -d '{body}' \\",
@@ -133,7 +147,6 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                         "",
                         "```python",
                     ]
-                    argument = f"{first.name}={sample}" if first else ""
                     argument = argument.replace("=true", "=True")
                     call = f"stub.{method.name}(jobs_pb2.{request}({argument}), metadata=auth)"
                     lines += [f"for item in {call}:" if method.server_streaming else f"reply = {call}"]

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-protos}"
 python -m grpc_tools.protoc -Iprotos --python_out="$OUT" --pyi_out="$OUT" --grpc_python_out="$OUT" \
-    protos/drover/v1/state.proto protos/drover/v1/plan.proto protos/drover/v1/agent.proto protos/drover/v1/jobs.proto
+    protos/drover/v1/state.proto protos/drover/v1/plan.proto protos/drover/v1/jobspec.proto protos/drover/v1/events.proto protos/drover/v1/agent.proto protos/drover/v1/jobs.proto

@@ -15,6 +15,7 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import strategies as st
 
+from drover.client import job_spec
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import TINY_JOB, ScriptedAgent, eventually
@@ -149,7 +150,7 @@ async def completed_job(jobs, agents) -> str:
         return any(n.connected for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes)
 
     await eventually(connected, what="node-0 connected")
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=TINY_JOB, out_dir="fuzz"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB), out_dir="fuzz"))
     await agent.receive()
     agent.report(job.id, 0, {"node-0/0": 0.01, "node-0/1": 0.01})
     agent.send(status=agent_pb2.JobStatus(job_id=job.id, state=state_pb2.JOB_STATE_COMPLETED, active_plan_version=1))

@@ -16,17 +16,20 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+import yaml
 
+from drover.client import job_spec
 from drover.control_plane.api import start_server, stop_server
 from drover.control_plane.controller import ControlPlane
 from drover.control_plane.jobfile import read_job_file
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.model import model_from_dict
 from drover.planner.plan import plan_from_dict
-from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_JOB = read_job_file(ROOT / "examples" / "jobs" / "tiny.yaml")  # as the CLI sends it: the model inline
+# The job file as the CLI reads it (the model inline), as text for tests to edit; job_spec makes it a JobSpec.
+TINY_JOB = yaml.safe_dump(read_job_file(ROOT / "examples" / "jobs" / "tiny.yaml"), sort_keys=False)
 
 
 async def eventually(check, timeout_s: float = 10.0, every_s: float = 0.05, what: str = "condition"):
@@ -119,10 +122,15 @@ class Plane:
         await eventually(enough, what=f"{count} agents connected")
 
     async def submit(self, job_yaml: str = TINY_JOB) -> jobs_pb2.Job:
-        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=job_yaml, out_dir="out"))
+        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(job_yaml), out_dir="out"))
 
     async def events(self, job_id: str) -> list[jobs_pb2.Event]:
-        return [e async for e in _until_quiet(self.jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)))]
+        """The job's events so far, each checked to come typed: its kind's enum and payload."""
+        events = [e async for e in _until_quiet(self.jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)))]
+        for e in events:
+            assert events_pb2.EventKind.Name(e.type) == f"EVENT_KIND_{e.kind.upper()}", e
+            assert e.WhichOneof("payload") == e.kind, e
+        return events
 
 
 async def _until_quiet(stream, quiet_s: float = 0.3):

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from drover.client import Client, DroverError, Target
+from drover.client import Client, DroverError, EventKind, Target
 
 
 def place_and_follow(client: Client, job_file: str, drain: list[str]) -> dict:
@@ -25,14 +25,14 @@ def place_and_follow(client: Client, job_file: str, drain: list[str]) -> dict:
         client.drain(node)
     try:
         job = client.submit_file(job_file)
-        kinds = [event.kind for event in client.watch(job.id)]  # until the job ends
-        started = next(e for e in client.events(job.id) if e.kind == "job_started")
-        return {
-            "job": job.id,
-            "state": client.wait(job.id),
-            "nodes": started.details["nodes"],
-            "events": kinds,
-        }
+        kinds, nodes, stragglers = [], [], {}
+        for event in client.watch(job.id):  # until the job ends
+            kinds.append(event.kind)
+            if event.type == EventKind.EVENT_KIND_JOB_STARTED:
+                nodes = list(event.payload.nodes)
+            elif event.type == EventKind.EVENT_KIND_STRAGGLER_DETECTED:
+                stragglers[event.payload.device] = event.payload.rate
+        return {"job": job.id, "state": client.wait(job.id), "nodes": nodes, "stragglers": stragglers, "events": kinds}
     finally:
         for node in drain:
             client.undrain(node)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from drover.client import AsyncClient, Client, FailedPrecondition, InvalidArgument, NotFound
+from drover.client import AsyncClient, Client, EventKind, FailedPrecondition, InvalidArgument, NotFound, job_spec
 from drover.v1 import state_pb2
 
 from support import ROOT, TINY_JOB
@@ -24,6 +24,14 @@ def test_a_job_submitted_watched_and_waited_for(drover_control_plane, drover_age
         assert [e.kind for e in drover.events(job.id)] == kinds
         started = drover.events(job.id)[0]
         assert started.details["devices"] == ["node-0/0", "node-0/1", "node-1/0", "node-1/1"]
+        assert (
+            started.type == EventKind.EVENT_KIND_JOB_STARTED
+            and list(started.payload.devices) == started.details["devices"]
+        )
+        detected = [e.payload for e in drover.events(job.id) if e.type == EventKind.EVENT_KIND_STRAGGLER_DETECTED]
+        assert [(d.device, round(d.rate, 1)) for d in detected] == [("node-1/1", 3.0)]
+        committed = [e.payload for e in drover.events(job.id) if e.type == EventKind.EVENT_KIND_PLAN_COMMITTED]
+        assert committed[0].plan_version == 1 and committed[0].plan.pipelines  # the plan, typed
         assert [j.id for j in drover.list()] == [job.id]
         assert [p.version for p in drover.plans(job.id)][0] == 1 and drover.plan(job.id).version >= 1
         assert [p.step for p in drover.history(job.id)] == list(range(30))
@@ -38,11 +46,11 @@ def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drove
         assert "job-404" in missing.value.details() and missing.value.code().name == "NOT_FOUND"
         assert isinstance(missing.value, grpc.RpcError)  # what code catching grpc's errors expects
         with pytest.raises(InvalidArgument, match="steps"):
-            drover.submit(TINY_JOB.replace("steps: 30", "steps: -1"))
+            drover.submit(job_spec(TINY_JOB.replace("steps: 30", "steps: -1")))
         with pytest.raises(FailedPrecondition, match="start agents first"):
-            drover.submit(TINY_JOB)  # no agent yet
+            drover.submit(job_spec(TINY_JOB))  # no agent yet
         drover_agent("node-0")
-        job = drover.submit(TINY_JOB)
+        job = drover.submit(job_spec(TINY_JOB))
         assert drover.wait(job.id, timeout_s=10) == "completed"
         with pytest.raises(FailedPrecondition, match="only a running job can be cancelled"):
             drover.cancel(job.id)
@@ -51,7 +59,7 @@ def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drove
 async def test_the_asyncio_client(drover_control_plane, drover_agent):
     drover_agent("node-0")
     async with AsyncClient(drover_control_plane.address) as drover:
-        job = await drover.submit(TINY_JOB, out_dir="out")
+        job = await drover.submit(job_spec(TINY_JOB), out_dir="out")
         kinds = [event.kind async for event in drover.watch(job.id)]
         assert kinds[-1] == "job_completed" and await drover.wait(job.id) == "completed"
         assert [j.id for j in await drover.list()] == [job.id]

@@ -23,8 +23,9 @@ def test_the_example_places_a_job_off_a_drained_node_and_follows_it(pytester):
 
 
         def test_scheduler(drover_control_plane, drover_agent, capsys):
-            for node in ("node-0", "node-1", "node-2"):
-                drover_agent(node)
+            drover_agent("node-0")
+            drover_agent("node-1")
+            drover_agent("node-2", rates={"node-2/1": 3.0})
             code = place_and_follow.main(
                 ["job.yaml", "--control-plane", drover_control_plane.address, "--drain", "node-1"]
             )
@@ -32,6 +33,7 @@ def test_the_example_places_a_job_off_a_drained_node_and_follows_it(pytester):
             report = json.loads(capsys.readouterr().out)
             assert report["state"] == "completed"
             assert report["nodes"] == ["node-0", "node-2"]  # never the drained node
+            assert report["stragglers"] == {"node-2/1": 3.0}  # read from the typed payloads
             assert report["events"][0] == "job_started" and report["events"][-1] == "job_completed"
             nodes = {n.name: n.drained for n in Client(drover_control_plane.address).nodes()}
             assert nodes == {"node-0": False, "node-1": False, "node-2": False}  # given back

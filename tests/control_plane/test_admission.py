@@ -81,6 +81,6 @@ async def test_drained_nodes_get_no_job_and_pending_jobs_can_be_cancelled(plane)
 async def test_bad_resources_are_invalid(plane, resources, fragment):
     plane.agent("node-0")
     await plane.connected(1)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await plane.submit(asking(resources))
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # as YAML: a JobSpec cannot even hold the last two
+        await plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=asking(resources)))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()

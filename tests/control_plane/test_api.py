@@ -12,10 +12,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from drover.client import job_spec
 from drover.control_plane.api import _peer_host
 from drover.planner.wire import host_port
 from drover.storage.models import TelemetrySample
-from drover.v1 import agent_pb2, jobs_pb2, state_pb2
+from drover.v1 import agent_pb2, jobs_pb2, jobspec_pb2, state_pb2
 
 from support import TINY_JOB as JOB
 from support import cpu_device, eventually
@@ -38,7 +39,7 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
     jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="out"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="out"))
     start = (await agent.receive()).start_job
     assert start.job_id == job.id and start.world_size == 2 and dict(start.ranks) == {"node-0/0": 0, "node-0/1": 1}
     plans = await jobs.ListPlans(jobs_pb2.ListPlansRequest(job_id=job.id))
@@ -80,13 +81,54 @@ async def test_submit_pushes_start_job_and_stores_plan_v1(plane):
         ("model: [unclosed\n", "plain YAML"),
     ],
 )
-async def test_malformed_job_is_invalid_argument(plane, yaml_text, fragment):
+async def test_malformed_job_yaml_is_invalid_argument(plane, yaml_text, fragment):
     jobs = plane.jobs
     plane.agent("node-0")
     await plane.connected(1)
     code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=yaml_text)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in details
     assert (await jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
+
+
+def spec_with(**changes) -> jobspec_pb2.JobSpec:
+    spec = job_spec(JOB)
+    for path, value in changes.items():
+        *parents, name = path.split("__")
+        target = spec
+        for parent in parents:
+            target = getattr(target, parent)
+        setattr(target, name, value)
+    return spec
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        (spec_with(steps=0), "'steps'"),
+        (spec_with(model__heads=3), "'heads' = 3"),
+        (spec_with(model__family=7), "spec.model.family = 7"),
+        (spec_with(optimizer__lr=0.0), "lr' = 0"),
+        (spec_with(data="/etc"), "'data' = '/etc'"),
+        (spec_with(checkpoint__dir="../up"), "'checkpoint.dir' = '../up'"),
+        (spec_with(precision=9), "spec.precision = 9"),
+        (spec_with(resources__nodes=0), "'resources.nodes' = 0"),
+        (jobspec_pb2.JobSpec(steps=3), "'model'"),
+    ],
+)
+async def test_a_bad_job_spec_is_invalid_argument_naming_the_field(plane, spec, fragment):
+    plane.agent("node-0")
+    await plane.connected(1)
+    code, details = await code_of(plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in details, details
+    assert (await plane.jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
+
+
+async def test_a_job_is_given_as_exactly_one_of_spec_and_yaml(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    for request in (jobs_pb2.SubmitJobRequest(), jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), job_yaml=JOB)):
+        code, details = await code_of(plane.jobs.SubmitJob(request))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "exactly one of spec and job_yaml" in details
 
 
 async def test_unknown_ids_are_not_found(plane):
@@ -106,7 +148,7 @@ async def test_unknown_ids_are_not_found(plane):
 
 async def test_preconditions_and_bad_values(plane):
     jobs = plane.jobs
-    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB)))
+    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB))))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "agents" in details
     plane.agent("node-0")
     await plane.connected(1)
@@ -128,7 +170,7 @@ async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     await agent.receive()
     agent.send(
         telemetry=agent_pb2.Telemetry(
@@ -184,7 +226,7 @@ async def test_wrong_generation_rejected(plane):
     jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     await agent.receive()
     agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, active_plan_version=7))
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -197,7 +239,7 @@ async def test_cancel_twice_is_failed_precondition(plane):
     jobs = plane.jobs
     plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     assert (await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))).state == state_pb2.JOB_STATE_CANCELLED
     code, _ = await code_of(jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -228,7 +270,7 @@ async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, m
     cp, jobs = plane.cp, plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     await agent.receive()
     write, failures = cp.store._insert_and_trim, []
 
@@ -295,7 +337,7 @@ async def test_training_progress_reaches_job_status_and_outlives_the_job(plane):
     jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     await agent.receive()
 
     def progress(**figures):
@@ -325,7 +367,7 @@ async def test_progress_past_the_job_is_invalid(plane):
     jobs = plane.jobs
     agent = plane.agent("node-0")
     await plane.connected(1)
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=JOB, out_dir="o"))
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB), out_dir="o"))
     await agent.receive()
     agent.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, progress=state_pb2.Progress(step=30, lr=1.0)))
     with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -9,9 +9,11 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from drover.control_plane.jobfile import job_from_wire, load_job, read_job_file
+from drover.client import job_spec
+from drover.control_plane.jobfile import job_from_spec, job_from_wire, load_job, read_job_file
 from drover.control_plane.validation import InvalidArgument, check_out_dir
 from drover.planner.errors import SpecError
+from drover.v1 import jobspec_pb2
 
 from support import ROOT
 
@@ -20,9 +22,39 @@ MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128, "gl
 
 
 def test_the_cli_inlines_the_model_file_and_the_server_takes_it():
-    sent = read_job_file(TINY)
-    assert isinstance(yaml.safe_load(sent)["model"], dict)
-    assert job_from_wire(sent) == load_job(TINY)
+    sent = job_spec(read_job_file(TINY))
+    assert sent.model.layers == 4
+    assert job_from_spec(sent) == load_job(TINY)
+    assert job_from_wire(yaml.safe_dump(read_job_file(TINY))) == load_job(TINY)  # the deprecated YAML form
+
+
+def test_every_job_file_key_round_trips_through_a_job_spec(tmp_path):
+    text = (
+        "model: {family: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, seq_len: 16, vocab: 64,"
+        " global_batch: 4, micro_batch: 2, mfu: 0.4, rope_theta: 500000.0, norm_eps: 1.0e-6}\n"
+        "steps: 9\nseed: 0\n"
+        "optimizer: {lr: 1.0e-3, betas: [0.8, 0.99], eps: 1e-7, weight_decay: 0, clip_norm: 1.0}\n"
+        "schedule: {warmup_steps: 2, decay: cosine, min_lr: 0}\n"
+        "data: shards\ninit: hf/llama\ncheckpoint: {dir: ckpt, every_steps: 3, keep: 1}\n"
+        "eval: {every_steps: 3, samples: 8}\nprecision: bf16\nresume: ckpt\ntensorboard: false\n"
+        "resources: {devices: 3}\nrecoveries: {max: 0, within_steps: 10}\n"
+    )
+    (tmp_path / "job.yaml").write_text(text)
+    job = load_job(tmp_path / "job.yaml")
+    spec = job_spec(read_job_file(tmp_path / "job.yaml"))
+    assert spec.precision == jobspec_pb2.PRECISION_BF16 and spec.schedule.decay == jobspec_pb2.DECAY_COSINE
+    assert spec.optimizer.HasField("weight_decay") and spec.recoveries.HasField("max")  # zeros set, not defaults
+    assert job_from_spec(spec) == job
+    assert job.training.optimizer.weight_decay == 0 and job.recoveries.max == 0 and not job.training.tensorboard
+
+
+def test_a_job_spec_names_a_key_it_cannot_hold():
+    with pytest.raises(ValueError, match=r"optimizer\.momentum: not a field of Optimizer"):
+        job_spec({"steps": 3, "optimizer": {"momentum": 0.9}})
+    with pytest.raises(ValueError, match=r"resources\.devices: resources\.nodes is set; only one of nodes, devices"):
+        job_spec({"steps": 3, "resources": {"nodes": 1, "devices": 2}})
+    with pytest.raises(ValueError, match=r"precision = 'fp8': one of fp32, bf16"):
+        job_spec({"steps": 3, "precision": "fp8"})
 
 
 @pytest.mark.parametrize("model", ["../models/tiny.yaml", "/etc/shadow", "/dev/zero"])

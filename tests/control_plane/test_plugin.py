@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+from drover.client import job_spec
 from drover.v1 import jobs_pb2, state_pb2
 
 from support import TINY_JOB
@@ -19,7 +20,7 @@ def test_a_straggler_is_planned_around_with_simulated_agents(drover_control_plan
     jobs = drover_control_plane.jobs()
     started = time.monotonic()
     long_enough = TINY_JOB.replace("steps: 30", "steps: 200")  # for a new plan to repay its migration
-    job = jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=long_enough, out_dir="out"))
+    job = jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(long_enough), out_dir="out"))
     while jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id)).state == state_pb2.JOB_STATE_RUNNING:
         assert time.monotonic() - started < 30
         time.sleep(0.05)

@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 from drover.agent.daemon import _credentials as agent_credentials
+from drover.client import job_spec
 from drover.control_plane.api import ROLE_OF, start_server, stop_server
 from drover.control_plane.identity import make_credentials
 from drover.v1 import agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
@@ -82,7 +83,7 @@ async def test_roles_decide_what_a_client_may_do(served, certs):
     admin = client(served, certs, token_of(certs, "admin"))
     assert (await reader.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
     assert (
-        await code_of(reader.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=TINY_JOB)))
+        await code_of(reader.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB))))
         == grpc.StatusCode.PERMISSION_DENIED
     )
     assert await code_of(reader.DrainNode(jobs_pb2.NodeRequest(node="node-0"))) == grpc.StatusCode.PERMISSION_DENIED
@@ -117,7 +118,7 @@ async def test_an_agent_reports_only_for_its_devices_and_its_jobs(served, certs)
         return [n.name for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes if n.connected]
 
     await eventually(connected, what="node-0 connected")
-    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=TINY_JOB))  # placed on node-0 alone
+    job = await jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB)))  # placed on node-0 alone
     assert (await node0.receive()).start_job.job_id == job.id
     node1 = ScriptedAgent(agent_stub(served, certs, "node-1"), "node-1")
     await eventually(lambda: _has(connected(), "node-1"), what="node-1 connected")

@@ -22,11 +22,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from drover.v1 import events_pb2 as drover_dot_v1_dot_events__pb2
+from drover.v1 import jobspec_pb2 as drover_dot_v1_dot_jobspec__pb2
 from drover.v1 import plan_pb2 as drover_dot_v1_dot_plan__pb2
 from drover.v1 import state_pb2 as drover_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/jobs.proto\x12\tdrover.v1\x1a\x14\x64rover/v1/plan.proto\x1a\x15\x64rover/v1/state.proto\";\n\x10SubmitJobRequest\x12\x10\n\x08job_yaml\x18\x01 \x01(\t\x12\x0f\n\x07out_dir\x18\x03 \x01(\tJ\x04\x08\x02\x10\x03\"\x89\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x0c \x01(\x0e\x32\x13.drover.v1.JobState\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0cplan_version\x18\x07 \x01(\x03\x12\x1e\n\x16\x63ommitted_plan_version\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0f\n\x07\x63reated\x18\n \x01(\x01\x12\x0f\n\x07out_dir\x18\x0b \x01(\t\x12%\n\x08progress\x18\r \x01(\x0b\x32\x13.drover.v1.ProgressJ\x04\x08\x02\x10\x03\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.drover.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"W\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x05 \x01(\t\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"O\n\x12ListEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.drover.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"e\n\x11StreamLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x12\n\ntail_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x05 \x01(\x08\"K\n\x08LogLines\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0bunavailable\x18\x04 \x01(\t\"\x80\x01\n\nPlanRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcommitted\x18\x04 \x01(\x08\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x01\x12\x1d\n\x04plan\x18\x06 \x01(\x0b\x32\x0f.drover.v1.Plan\"1\n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"I\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"R\n\x11ListPlansResponse\x12$\n\x05plans\x18\x01 \x03(\x0b\x32\x15.drover.v1.PlanRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\rReplanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x13SetDetectionRequest\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"&\n\x14SetDetectionResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x1b\n\x0bNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x8a\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x03 \x01(\x08\x12\x0f\n\x07\x64\x65vices\x18\x04 \x03(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x11\n\tlast_seen\x18\x06 \x01(\x01\x12\x1e\n\x05links\x18\x07 \x03(\x0b\x32\x0f.drover.v1.Link\"=\n\x04Link\x12\x0b\n\x03nic\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\x12\x0c\n\x04time\x18\x04 \x01(\x01\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.drover.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x15QueryTelemetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x03\"g\n\x0eTelemetryPoint\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x04 \x01(\x01\x12\x0c\n\x04rate\x18\x05 \x01(\x01\"C\n\x16QueryTelemetryResponse\x12)\n\x06points\x18\x01 \x03(\x0b\x32\x19.drover.v1.TelemetryPoint\"L\n\x13QueryHistoryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xe0\x01\n\x0cHistoryPoint\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x14\n\x0cplan_version\x18\x06 \x01(\x03\x12\x31\n\x05rates\x18\x07 \x03(\x0b\x32\".drover.v1.HistoryPoint.RatesEntry\x1a,\n\nRatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_loss\"X\n\x14QueryHistoryResponse\x12\'\n\x06points\x18\x01 \x03(\x0b\x32\x17.drover.v1.HistoryPoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"B\n\x0fStraggleRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\" \n\x10StraggleResponse\x12\x0c\n\x04node\x18\x01 \x01(\t2\xfd\x08\n\nJobService\x12\x38\n\tSubmitJob\x12\x1b.drover.v1.SubmitJobRequest\x1a\x0e.drover.v1.Job\x12\x32\n\x06GetJob\x12\x18.drover.v1.GetJobRequest\x1a\x0e.drover.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.drover.v1.ListJobsRequest\x1a\x1b.drover.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.drover.v1.CancelJobRequest\x1a\x0e.drover.v1.Job\x12@\n\x0bWatchEvents\x12\x1d.drover.v1.WatchEventsRequest\x1a\x10.drover.v1.Event0\x01\x12I\n\nListEvents\x12\x1c.drover.v1.ListEventsRequest\x1a\x1d.drover.v1.ListEventsResponse\x12;\n\x07GetPlan\x12\x19.drover.v1.GetPlanRequest\x1a\x15.drover.v1.PlanRecord\x12\x46\n\tListPlans\x12\x1b.drover.v1.ListPlansRequest\x1a\x1c.drover.v1.ListPlansResponse\x12\x39\n\x06Replan\x12\x18.drover.v1.ReplanRequest\x1a\x15.drover.v1.PlanRecord\x12O\n\x0cSetDetection\x12\x1e.drover.v1.SetDetectionRequest\x1a\x1f.drover.v1.SetDetectionResponse\x12\x34\n\tDrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x36\n\x0bUndrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x46\n\tListNodes\x12\x1b.drover.v1.ListNodesRequest\x1a\x1c.drover.v1.ListNodesResponse\x12U\n\x0eQueryTelemetry\x12 .drover.v1.QueryTelemetryRequest\x1a!.drover.v1.QueryTelemetryResponse\x12O\n\x0cQueryHistory\x12\x1e.drover.v1.QueryHistoryRequest\x1a\x1f.drover.v1.QueryHistoryResponse\x12\x41\n\nStreamLogs\x12\x1c.drover.v1.StreamLogsRequest\x1a\x13.drover.v1.LogLines0\x01\x12\x43\n\x08Straggle\x12\x1a.drover.v1.StraggleRequest\x1a\x1b.drover.v1.StraggleResponseB\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/jobs.proto\x12\tdrover.v1\x1a\x16\x64rover/v1/events.proto\x1a\x17\x64rover/v1/jobspec.proto\x1a\x14\x64rover/v1/plan.proto\x1a\x15\x64rover/v1/state.proto\"a\n\x10SubmitJobRequest\x12 \n\x04spec\x18\x04 \x01(\x0b\x32\x12.drover.v1.JobSpec\x12\x14\n\x08job_yaml\x18\x01 \x01(\tB\x02\x18\x01\x12\x0f\n\x07out_dir\x18\x03 \x01(\tJ\x04\x08\x02\x10\x03\"\x89\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x0c \x01(\x0e\x32\x13.drover.v1.JobState\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0cplan_version\x18\x07 \x01(\x03\x12\x1e\n\x16\x63ommitted_plan_version\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0f\n\x07\x63reated\x18\n \x01(\x01\x12\x0f\n\x07out_dir\x18\x0b \x01(\t\x12%\n\x08progress\x18\r \x01(\x0b\x32\x13.drover.v1.ProgressJ\x04\x08\x02\x10\x03\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.drover.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb4\x08\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x05 \x01(\t\x12\"\n\x04type\x18\x06 \x01(\x0e\x32\x14.drover.v1.EventKind\x12,\n\x0bjob_pending\x18\n \x01(\x0b\x32\x15.drover.v1.JobPendingH\x00\x12,\n\x0bjob_started\x18\x0b \x01(\x0b\x32\x15.drover.v1.JobStartedH\x00\x12\x30\n\rjob_completed\x18\x0c \x01(\x0b\x32\x17.drover.v1.JobCompletedH\x00\x12*\n\njob_failed\x18\r \x01(\x0b\x32\x14.drover.v1.JobFailedH\x00\x12\x30\n\rjob_cancelled\x18\x0e \x01(\x0b\x32\x17.drover.v1.JobCancelledH\x00\x12:\n\x12straggler_detected\x18\x0f \x01(\x0b\x32\x1c.drover.v1.StragglerDetectedH\x00\x12;\n\x13slow_link_suspected\x18\x10 \x01(\x0b\x32\x1c.drover.v1.SlowLinkSuspectedH\x00\x12\x30\n\rlink_measured\x18\x11 \x01(\x0b\x32\x17.drover.v1.LinkMeasuredH\x00\x12\x32\n\x0ereplan_skipped\x18\x12 \x01(\x0b\x32\x18.drover.v1.ReplanSkippedH\x00\x12,\n\x0bplan_pushed\x18\x13 \x01(\x0b\x32\x15.drover.v1.PlanPushedH\x00\x12\x32\n\x0eplan_committed\x18\x14 \x01(\x0b\x32\x18.drover.v1.PlanCommittedH\x00\x12\x32\n\x0emigration_done\x18\x15 \x01(\x0b\x32\x18.drover.v1.MigrationDoneH\x00\x12\x32\n\x0eworkers_failed\x18\x16 \x01(\x0b\x32\x18.drover.v1.WorkersFailedH\x00\x12,\n\x0b\x64\x65vice_lost\x18\x17 \x01(\x0b\x32\x15.drover.v1.DeviceLostH\x00\x12(\n\tnode_lost\x18\x18 \x01(\x0b\x32\x13.drover.v1.NodeLostH\x00\x12\x36\n\x10recovery_started\x18\x19 \x01(\x0b\x32\x1a.drover.v1.RecoveryStartedH\x00\x12)\n\trecovered\x18\x1a \x01(\x0b\x32\x14.drover.v1.RecoveredH\x00\x12,\n\x0bnode_joined\x18\x1b \x01(\x0b\x32\x15.drover.v1.NodeJoinedH\x00\x12.\n\x0cjoin_skipped\x18\x1c \x01(\x0b\x32\x16.drover.v1.JoinSkippedH\x00\x42\t\n\x07payload\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"O\n\x12ListEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.drover.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"e\n\x11StreamLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x12\n\ntail_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x05 \x01(\x08\"K\n\x08LogLines\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0bunavailable\x18\x04 \x01(\t\"\x80\x01\n\nPlanRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcommitted\x18\x04 \x01(\x08\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x01\x12\x1d\n\x04plan\x18\x06 \x01(\x0b\x32\x0f.drover.v1.Plan\"1\n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"I\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"R\n\x11ListPlansResponse\x12$\n\x05plans\x18\x01 \x03(\x0b\x32\x15.drover.v1.PlanRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\rReplanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x13SetDetectionRequest\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"&\n\x14SetDetectionResponse\x12\x0e\n\x06paused\x18\x01 \x01(\x08\"\x1b\n\x0bNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x8a\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x03 \x01(\x08\x12\x0f\n\x07\x64\x65vices\x18\x04 \x03(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x11\n\tlast_seen\x18\x06 \x01(\x01\x12\x1e\n\x05links\x18\x07 \x03(\x0b\x32\x0f.drover.v1.Link\"=\n\x04Link\x12\x0b\n\x03nic\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\x12\x0c\n\x04time\x18\x04 \x01(\x01\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.drover.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x15QueryTelemetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x03\"g\n\x0eTelemetryPoint\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ompute_s_per_block\x18\x04 \x01(\x01\x12\x0c\n\x04rate\x18\x05 \x01(\x01\"C\n\x16QueryTelemetryResponse\x12)\n\x06points\x18\x01 \x03(\x0b\x32\x19.drover.v1.TelemetryPoint\"L\n\x13QueryHistoryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xe0\x01\n\x0cHistoryPoint\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x14\n\x0cplan_version\x18\x06 \x01(\x03\x12\x31\n\x05rates\x18\x07 \x03(\x0b\x32\".drover.v1.HistoryPoint.RatesEntry\x1a,\n\nRatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_loss\"X\n\x14QueryHistoryResponse\x12\'\n\x06points\x18\x01 \x03(\x0b\x32\x17.drover.v1.HistoryPoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"B\n\x0fStraggleRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x11\n\tfrom_step\x18\x03 \x01(\x03\" \n\x10StraggleResponse\x12\x0c\n\x04node\x18\x01 \x01(\t2\xfd\x08\n\nJobService\x12\x38\n\tSubmitJob\x12\x1b.drover.v1.SubmitJobRequest\x1a\x0e.drover.v1.Job\x12\x32\n\x06GetJob\x12\x18.drover.v1.GetJobRequest\x1a\x0e.drover.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.drover.v1.ListJobsRequest\x1a\x1b.drover.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.drover.v1.CancelJobRequest\x1a\x0e.drover.v1.Job\x12@\n\x0bWatchEvents\x12\x1d.drover.v1.WatchEventsRequest\x1a\x10.drover.v1.Event0\x01\x12I\n\nListEvents\x12\x1c.drover.v1.ListEventsRequest\x1a\x1d.drover.v1.ListEventsResponse\x12;\n\x07GetPlan\x12\x19.drover.v1.GetPlanRequest\x1a\x15.drover.v1.PlanRecord\x12\x46\n\tListPlans\x12\x1b.drover.v1.ListPlansRequest\x1a\x1c.drover.v1.ListPlansResponse\x12\x39\n\x06Replan\x12\x18.drover.v1.ReplanRequest\x1a\x15.drover.v1.PlanRecord\x12O\n\x0cSetDetection\x12\x1e.drover.v1.SetDetectionRequest\x1a\x1f.drover.v1.SetDetectionResponse\x12\x34\n\tDrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x36\n\x0bUndrainNode\x12\x16.drover.v1.NodeRequest\x1a\x0f.drover.v1.Node\x12\x46\n\tListNodes\x12\x1b.drover.v1.ListNodesRequest\x1a\x1c.drover.v1.ListNodesResponse\x12U\n\x0eQueryTelemetry\x12 .drover.v1.QueryTelemetryRequest\x1a!.drover.v1.QueryTelemetryResponse\x12O\n\x0cQueryHistory\x12\x1e.drover.v1.QueryHistoryRequest\x1a\x1f.drover.v1.QueryHistoryResponse\x12\x41\n\nStreamLogs\x12\x1c.drover.v1.StreamLogsRequest\x1a\x13.drover.v1.LogLines0\x01\x12\x43\n\x08Straggle\x12\x1a.drover.v1.StraggleRequest\x1a\x1b.drover.v1.StraggleResponseB\x1fZ\x1d\x64rover.dev/drover/v1;droverv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,74 +36,76 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'drover.v1.jobs_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\035drover.dev/drover/v1;droverv1'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['job_yaml']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['job_yaml']._serialized_options = b'\030\001'
   _globals['_HISTORYPOINT_RATESENTRY']._loaded_options = None
   _globals['_HISTORYPOINT_RATESENTRY']._serialized_options = b'8\001'
-  _globals['_SUBMITJOBREQUEST']._serialized_start=80
-  _globals['_SUBMITJOBREQUEST']._serialized_end=139
-  _globals['_JOB']._serialized_start=142
-  _globals['_JOB']._serialized_end=407
-  _globals['_GETJOBREQUEST']._serialized_start=409
-  _globals['_GETJOBREQUEST']._serialized_end=440
-  _globals['_LISTJOBSREQUEST']._serialized_start=442
-  _globals['_LISTJOBSREQUEST']._serialized_end=498
-  _globals['_LISTJOBSRESPONSE']._serialized_start=500
-  _globals['_LISTJOBSRESPONSE']._serialized_end=573
-  _globals['_CANCELJOBREQUEST']._serialized_start=575
-  _globals['_CANCELJOBREQUEST']._serialized_end=609
-  _globals['_EVENT']._serialized_start=611
-  _globals['_EVENT']._serialized_end=698
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=700
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=736
-  _globals['_LISTEVENTSREQUEST']._serialized_start=738
-  _globals['_LISTEVENTSREQUEST']._serialized_end=812
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=814
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=893
-  _globals['_STREAMLOGSREQUEST']._serialized_start=895
-  _globals['_STREAMLOGSREQUEST']._serialized_end=996
-  _globals['_LOGLINES']._serialized_start=998
-  _globals['_LOGLINES']._serialized_end=1073
-  _globals['_PLANRECORD']._serialized_start=1076
-  _globals['_PLANRECORD']._serialized_end=1204
-  _globals['_GETPLANREQUEST']._serialized_start=1206
-  _globals['_GETPLANREQUEST']._serialized_end=1255
-  _globals['_LISTPLANSREQUEST']._serialized_start=1257
-  _globals['_LISTPLANSREQUEST']._serialized_end=1330
-  _globals['_LISTPLANSRESPONSE']._serialized_start=1332
-  _globals['_LISTPLANSRESPONSE']._serialized_end=1414
-  _globals['_REPLANREQUEST']._serialized_start=1416
-  _globals['_REPLANREQUEST']._serialized_end=1463
-  _globals['_SETDETECTIONREQUEST']._serialized_start=1465
-  _globals['_SETDETECTIONREQUEST']._serialized_end=1502
-  _globals['_SETDETECTIONRESPONSE']._serialized_start=1504
-  _globals['_SETDETECTIONRESPONSE']._serialized_end=1542
-  _globals['_NODEREQUEST']._serialized_start=1544
-  _globals['_NODEREQUEST']._serialized_end=1571
-  _globals['_NODE']._serialized_start=1574
-  _globals['_NODE']._serialized_end=1712
-  _globals['_LINK']._serialized_start=1714
-  _globals['_LINK']._serialized_end=1775
-  _globals['_LISTNODESREQUEST']._serialized_start=1777
-  _globals['_LISTNODESREQUEST']._serialized_end=1834
-  _globals['_LISTNODESRESPONSE']._serialized_start=1836
-  _globals['_LISTNODESRESPONSE']._serialized_end=1912
-  _globals['_QUERYTELEMETRYREQUEST']._serialized_start=1914
-  _globals['_QUERYTELEMETRYREQUEST']._serialized_end=1984
-  _globals['_TELEMETRYPOINT']._serialized_start=1986
-  _globals['_TELEMETRYPOINT']._serialized_end=2089
-  _globals['_QUERYTELEMETRYRESPONSE']._serialized_start=2091
-  _globals['_QUERYTELEMETRYRESPONSE']._serialized_end=2158
-  _globals['_QUERYHISTORYREQUEST']._serialized_start=2160
-  _globals['_QUERYHISTORYREQUEST']._serialized_end=2236
-  _globals['_HISTORYPOINT']._serialized_start=2239
-  _globals['_HISTORYPOINT']._serialized_end=2463
-  _globals['_HISTORYPOINT_RATESENTRY']._serialized_start=2410
-  _globals['_HISTORYPOINT_RATESENTRY']._serialized_end=2454
-  _globals['_QUERYHISTORYRESPONSE']._serialized_start=2465
-  _globals['_QUERYHISTORYRESPONSE']._serialized_end=2553
-  _globals['_STRAGGLEREQUEST']._serialized_start=2555
-  _globals['_STRAGGLEREQUEST']._serialized_end=2621
-  _globals['_STRAGGLERESPONSE']._serialized_start=2623
-  _globals['_STRAGGLERESPONSE']._serialized_end=2655
-  _globals['_JOBSERVICE']._serialized_start=2658
-  _globals['_JOBSERVICE']._serialized_end=3807
+  _globals['_SUBMITJOBREQUEST']._serialized_start=129
+  _globals['_SUBMITJOBREQUEST']._serialized_end=226
+  _globals['_JOB']._serialized_start=229
+  _globals['_JOB']._serialized_end=494
+  _globals['_GETJOBREQUEST']._serialized_start=496
+  _globals['_GETJOBREQUEST']._serialized_end=527
+  _globals['_LISTJOBSREQUEST']._serialized_start=529
+  _globals['_LISTJOBSREQUEST']._serialized_end=585
+  _globals['_LISTJOBSRESPONSE']._serialized_start=587
+  _globals['_LISTJOBSRESPONSE']._serialized_end=660
+  _globals['_CANCELJOBREQUEST']._serialized_start=662
+  _globals['_CANCELJOBREQUEST']._serialized_end=696
+  _globals['_EVENT']._serialized_start=699
+  _globals['_EVENT']._serialized_end=1775
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1777
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1813
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1815
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1889
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1891
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1970
+  _globals['_STREAMLOGSREQUEST']._serialized_start=1972
+  _globals['_STREAMLOGSREQUEST']._serialized_end=2073
+  _globals['_LOGLINES']._serialized_start=2075
+  _globals['_LOGLINES']._serialized_end=2150
+  _globals['_PLANRECORD']._serialized_start=2153
+  _globals['_PLANRECORD']._serialized_end=2281
+  _globals['_GETPLANREQUEST']._serialized_start=2283
+  _globals['_GETPLANREQUEST']._serialized_end=2332
+  _globals['_LISTPLANSREQUEST']._serialized_start=2334
+  _globals['_LISTPLANSREQUEST']._serialized_end=2407
+  _globals['_LISTPLANSRESPONSE']._serialized_start=2409
+  _globals['_LISTPLANSRESPONSE']._serialized_end=2491
+  _globals['_REPLANREQUEST']._serialized_start=2493
+  _globals['_REPLANREQUEST']._serialized_end=2540
+  _globals['_SETDETECTIONREQUEST']._serialized_start=2542
+  _globals['_SETDETECTIONREQUEST']._serialized_end=2579
+  _globals['_SETDETECTIONRESPONSE']._serialized_start=2581
+  _globals['_SETDETECTIONRESPONSE']._serialized_end=2619
+  _globals['_NODEREQUEST']._serialized_start=2621
+  _globals['_NODEREQUEST']._serialized_end=2648
+  _globals['_NODE']._serialized_start=2651
+  _globals['_NODE']._serialized_end=2789
+  _globals['_LINK']._serialized_start=2791
+  _globals['_LINK']._serialized_end=2852
+  _globals['_LISTNODESREQUEST']._serialized_start=2854
+  _globals['_LISTNODESREQUEST']._serialized_end=2911
+  _globals['_LISTNODESRESPONSE']._serialized_start=2913
+  _globals['_LISTNODESRESPONSE']._serialized_end=2989
+  _globals['_QUERYTELEMETRYREQUEST']._serialized_start=2991
+  _globals['_QUERYTELEMETRYREQUEST']._serialized_end=3061
+  _globals['_TELEMETRYPOINT']._serialized_start=3063
+  _globals['_TELEMETRYPOINT']._serialized_end=3166
+  _globals['_QUERYTELEMETRYRESPONSE']._serialized_start=3168
+  _globals['_QUERYTELEMETRYRESPONSE']._serialized_end=3235
+  _globals['_QUERYHISTORYREQUEST']._serialized_start=3237
+  _globals['_QUERYHISTORYREQUEST']._serialized_end=3313
+  _globals['_HISTORYPOINT']._serialized_start=3316
+  _globals['_HISTORYPOINT']._serialized_end=3540
+  _globals['_HISTORYPOINT_RATESENTRY']._serialized_start=3487
+  _globals['_HISTORYPOINT_RATESENTRY']._serialized_end=3531
+  _globals['_QUERYHISTORYRESPONSE']._serialized_start=3542
+  _globals['_QUERYHISTORYRESPONSE']._serialized_end=3630
+  _globals['_STRAGGLEREQUEST']._serialized_start=3632
+  _globals['_STRAGGLEREQUEST']._serialized_end=3698
+  _globals['_STRAGGLERESPONSE']._serialized_start=3700
+  _globals['_STRAGGLERESPONSE']._serialized_end=3732
+  _globals['_JOBSERVICE']._serialized_start=3735
+  _globals['_JOBSERVICE']._serialized_end=4884
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,5 @@
+from drover.v1 import events_pb2 as _events_pb2
+from drover.v1 import jobspec_pb2 as _jobspec_pb2
 from drover.v1 import plan_pb2 as _plan_pb2
 from drover.v1 import state_pb2 as _state_pb2
 from google.protobuf.internal import containers as _containers
@@ -9,12 +11,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("job_yaml", "out_dir")
+    __slots__ = ("spec", "job_yaml", "out_dir")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    spec: _jobspec_pb2.JobSpec
     job_yaml: str
     out_dir: str
-    def __init__(self, job_yaml: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
+    def __init__(self, spec: _Optional[_Union[_jobspec_pb2.JobSpec, _Mapping]] = ..., job_yaml: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir", "progress")
@@ -73,18 +77,58 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("time", "step", "job_id", "kind", "details_json")
+    __slots__ = ("time", "step", "job_id", "kind", "details_json", "type", "job_pending", "job_started", "job_completed", "job_failed", "job_cancelled", "straggler_detected", "slow_link_suspected", "link_measured", "replan_skipped", "plan_pushed", "plan_committed", "migration_done", "workers_failed", "device_lost", "node_lost", "recovery_started", "recovered", "node_joined", "join_skipped")
     TIME_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    JOB_PENDING_FIELD_NUMBER: _ClassVar[int]
+    JOB_STARTED_FIELD_NUMBER: _ClassVar[int]
+    JOB_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    JOB_FAILED_FIELD_NUMBER: _ClassVar[int]
+    JOB_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_DETECTED_FIELD_NUMBER: _ClassVar[int]
+    SLOW_LINK_SUSPECTED_FIELD_NUMBER: _ClassVar[int]
+    LINK_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    REPLAN_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_DONE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_LOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_LOST_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_STARTED_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_FIELD_NUMBER: _ClassVar[int]
+    NODE_JOINED_FIELD_NUMBER: _ClassVar[int]
+    JOIN_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     time: float
     step: int
     job_id: str
     kind: str
     details_json: str
-    def __init__(self, time: _Optional[float] = ..., step: _Optional[int] = ..., job_id: _Optional[str] = ..., kind: _Optional[str] = ..., details_json: _Optional[str] = ...) -> None: ...
+    type: _events_pb2.EventKind
+    job_pending: _events_pb2.JobPending
+    job_started: _events_pb2.JobStarted
+    job_completed: _events_pb2.JobCompleted
+    job_failed: _events_pb2.JobFailed
+    job_cancelled: _events_pb2.JobCancelled
+    straggler_detected: _events_pb2.StragglerDetected
+    slow_link_suspected: _events_pb2.SlowLinkSuspected
+    link_measured: _events_pb2.LinkMeasured
+    replan_skipped: _events_pb2.ReplanSkipped
+    plan_pushed: _events_pb2.PlanPushed
+    plan_committed: _events_pb2.PlanCommitted
+    migration_done: _events_pb2.MigrationDone
+    workers_failed: _events_pb2.WorkersFailed
+    device_lost: _events_pb2.DeviceLost
+    node_lost: _events_pb2.NodeLost
+    recovery_started: _events_pb2.RecoveryStarted
+    recovered: _events_pb2.Recovered
+    node_joined: _events_pb2.NodeJoined
+    join_skipped: _events_pb2.JoinSkipped
+    def __init__(self, time: _Optional[float] = ..., step: _Optional[int] = ..., job_id: _Optional[str] = ..., kind: _Optional[str] = ..., details_json: _Optional[str] = ..., type: _Optional[_Union[_events_pb2.EventKind, str]] = ..., job_pending: _Optional[_Union[_events_pb2.JobPending, _Mapping]] = ..., job_started: _Optional[_Union[_events_pb2.JobStarted, _Mapping]] = ..., job_completed: _Optional[_Union[_events_pb2.JobCompleted, _Mapping]] = ..., job_failed: _Optional[_Union[_events_pb2.JobFailed, _Mapping]] = ..., job_cancelled: _Optional[_Union[_events_pb2.JobCancelled, _Mapping]] = ..., straggler_detected: _Optional[_Union[_events_pb2.StragglerDetected, _Mapping]] = ..., slow_link_suspected: _Optional[_Union[_events_pb2.SlowLinkSuspected, _Mapping]] = ..., link_measured: _Optional[_Union[_events_pb2.LinkMeasured, _Mapping]] = ..., replan_skipped: _Optional[_Union[_events_pb2.ReplanSkipped, _Mapping]] = ..., plan_pushed: _Optional[_Union[_events_pb2.PlanPushed, _Mapping]] = ..., plan_committed: _Optional[_Union[_events_pb2.PlanCommitted, _Mapping]] = ..., migration_done: _Optional[_Union[_events_pb2.MigrationDone, _Mapping]] = ..., workers_failed: _Optional[_Union[_events_pb2.WorkersFailed, _Mapping]] = ..., device_lost: _Optional[_Union[_events_pb2.DeviceLost, _Mapping]] = ..., node_lost: _Optional[_Union[_events_pb2.NodeLost, _Mapping]] = ..., recovery_started: _Optional[_Union[_events_pb2.RecoveryStarted, _Mapping]] = ..., recovered: _Optional[_Union[_events_pb2.Recovered, _Mapping]] = ..., node_joined: _Optional[_Union[_events_pb2.NodeJoined, _Mapping]] = ..., join_skipped: _Optional[_Union[_events_pb2.JoinSkipped, _Mapping]] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("job_id",)
