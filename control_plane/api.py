@@ -32,7 +32,7 @@ from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, message_
 from drover.storage import queries
 from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
-from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc
+from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc, jobspec_pb2
 
 from .controller import REPLACED, TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
@@ -289,7 +289,17 @@ def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
         detail=row.detail,
         created=row.created,
         out_dir=row.out_dir,
+        spec=_spec(row.model_yaml),
     )
+
+
+def _spec(stored: str) -> jobspec_pb2.JobSpec | None:
+    """The job as submitted (stored as its checked job-file mapping, JSON)."""
+    try:
+        return message_from_fields(json.loads(stored), jobspec_pb2.JobSpec())
+    except ValueError as exc:  # written by another version: the job's other fields still tell
+        log.warning("a stored job has no JobSpec form: %s", exc)
+        return None
 
 
 def _plan(row) -> jobs_pb2.PlanRecord:

@@ -18,6 +18,7 @@ def test_a_job_submitted_watched_and_waited_for(drover_control_plane, drover_age
     with Client(drover_control_plane.address) as drover:
         job = drover.submit_file(ROOT / "examples" / "jobs" / "tiny.yaml", out_dir="out")
         assert job.state == state_pb2.JOB_STATE_RUNNING and job.steps == 30
+        assert job.spec.model.layers == 4 and job.spec.optimizer.lr == 3e-3  # as taken, defaults filled in
         kinds = [event.kind for event in drover.watch(job.id)]  # until the job ends
         assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
         assert drover.wait(job.id, timeout_s=10) == "completed"

@@ -21,7 +21,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_jobspec_pb2.JobSpec, _Mapping]] = ..., job_yaml: _Optional[str] = ..., out_dir: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir", "progress")
+    __slots__ = ("id", "state", "model_name", "steps", "seed", "step", "plan_version", "committed_plan_version", "detail", "created", "out_dir", "progress", "spec")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class Job(_message.Message):
     CREATED_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: _state_pb2.JobState
     model_name: str
@@ -46,7 +47,8 @@ class Job(_message.Message):
     created: float
     out_dir: str
     progress: _state_pb2.Progress
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ...) -> None: ...
+    spec: _jobspec_pb2.JobSpec
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_state_pb2.JobState, str]] = ..., model_name: _Optional[str] = ..., steps: _Optional[int] = ..., seed: _Optional[int] = ..., step: _Optional[int] = ..., plan_version: _Optional[int] = ..., committed_plan_version: _Optional[int] = ..., detail: _Optional[str] = ..., created: _Optional[float] = ..., out_dir: _Optional[str] = ..., progress: _Optional[_Union[_state_pb2.Progress, _Mapping]] = ..., spec: _Optional[_Union[_jobspec_pb2.JobSpec, _Mapping]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
