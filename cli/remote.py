@@ -10,7 +10,6 @@ import json
 import queue
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -127,8 +126,8 @@ def _follow(client: Client, job_id: str, as_json: bool) -> None:
     events = client.watch(job_id)
     if as_json:
         for event in events:  # the Event message's JSON form, as before the client
-            fields = {k: v for k, v in asdict(event).items() if k != "details"}
-            click.echo(json.dumps({**fields, "details_json": json.dumps(event.details)}))
+            fields = {"time": event.time, "step": event.step, "job_id": event.job_id, "kind": event.kind}
+            click.echo(json.dumps(fields | {"details_json": json.dumps(event.details)}))
         return
     from rich.console import Console
     from rich.live import Live

@@ -74,6 +74,10 @@ def job_spec(job: str | dict) -> JobSpec:
     return message_from_fields(data, JobSpec())
 
 
+def _submit_request(spec: JobSpec | dict | str, out_dir: str) -> jobs_pb2.SubmitJobRequest:
+    return jobs_pb2.SubmitJobRequest(spec=spec if isinstance(spec, JobSpec) else job_spec(spec), out_dir=out_dir)
+
+
 @dataclass(frozen=True)
 class Event:
     time: float
@@ -197,9 +201,10 @@ class Client:
 
     # -- jobs ------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, out_dir: str = "") -> jobs_pb2.Job:
-        """A job (see `job_spec` and `submit_file`); it runs in `out_dir` under each agent's data root."""
-        return self._call("SubmitJob", jobs_pb2.SubmitJobRequest(spec=spec, out_dir=out_dir))
+    def submit(self, spec: JobSpec | dict | str, out_dir: str = "") -> jobs_pb2.Job:
+        """A job: a JobSpec, or a job file's mapping or text with the model inline (see `job_spec`
+        and `submit_file`); it runs in `out_dir` under each agent's data root."""
+        return self._call("SubmitJob", _submit_request(spec, out_dir))
 
     def submit_file(self, path: str | Path, out_dir: str = "", resume: str | None = None, reader=None) -> jobs_pb2.Job:
         """A job file (docs/jobs.md), read here with its model file inlined; `reader` completes a
@@ -317,8 +322,8 @@ class AsyncClient:
                 return out
             request.page_token = page.next_page_token
 
-    async def submit(self, spec: JobSpec, out_dir: str = "") -> jobs_pb2.Job:
-        return await self._call("SubmitJob", jobs_pb2.SubmitJobRequest(spec=spec, out_dir=out_dir))
+    async def submit(self, spec: JobSpec | dict | str, out_dir: str = "") -> jobs_pb2.Job:
+        return await self._call("SubmitJob", _submit_request(spec, out_dir))
 
     async def get(self, job_id: str) -> jobs_pb2.Job:
         return await self._call("GetJob", jobs_pb2.GetJobRequest(job_id=job_id))

@@ -36,7 +36,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_
 
 from .controller import REPLACED, TERMINAL, ControlPlane
 from .identity import Authenticator, load_tokens
-from .jobfile import JobSpec, job_from_spec, job_from_wire
+from .jobfile import JobSpec, job_from_spec, job_from_stored, job_from_wire
 from .limits import RateLimiter, ResourceExhausted
 from .logs import MAX_OPEN, MAX_TAIL_BYTES
 from .logs import stream as stream_logs
@@ -251,6 +251,7 @@ def _submitted(request: jobs_pb2.SubmitJobRequest) -> JobSpec:
     return job_from_spec(request.spec) if request.HasField("spec") else job_from_wire(request.job_yaml)
 
 
+PAYLOADS = {f.name for f in jobs_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields}  # one per EventKind
 PAYLOAD_KEYS = {"from": "recovered_from"}  # stored details' keys that are no field name (a Python keyword)
 
 
@@ -259,16 +260,15 @@ def _event(row) -> jobs_pb2.Event:
     event = jobs_pb2.Event(
         time=row.time, step=row.step, job_id=row.job_id, kind=row.kind, details_json=row.details_json
     )
-    name = f"EVENT_KIND_{row.kind.upper()}"
-    if name not in events_pb2.EventKind.keys():
+    if row.kind not in PAYLOADS:
         return event  # stored by a newer server: kind and details_json only
-    event.type = events_pb2.EventKind.Value(name)
+    event.type = events_pb2.EventKind.Value(f"EVENT_KIND_{row.kind.upper()}")
     payload = getattr(event, row.kind)
     payload.SetInParent()
-    details = {PAYLOAD_KEYS.get(k, k): v for k, v in json.loads(row.details_json or "{}").items()}
     try:
-        message_from_fields(details, payload)
-    except ValueError as exc:  # details from an older server: its kind and details_json still tell
+        details = json.loads(row.details_json or "{}")
+        message_from_fields({PAYLOAD_KEYS.get(k, k): v for k, v in details.items()}, payload)
+    except (ValueError, AttributeError) as exc:  # details another version wrote: kind and details_json still tell
         log.warning("event %s of job %s has no typed payload: %s", row.kind, row.job_id, exc)
         event.ClearField(row.kind)
     return event
@@ -294,10 +294,10 @@ def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
 
 
 def _spec(stored: str) -> jobspec_pb2.JobSpec | None:
-    """The job as submitted (stored as its checked job-file mapping, JSON)."""
+    """The job as it runs: its stored spec with every default filled in."""
     try:
-        return message_from_fields(json.loads(stored), jobspec_pb2.JobSpec())
-    except ValueError as exc:  # written by another version: the job's other fields still tell
+        return message_from_fields(job_from_stored(stored, "stored job").full_dict(), jobspec_pb2.JobSpec())
+    except (SpecError, ValueError) as exc:  # written by another version: the job's other fields still tell
         log.warning("a stored job has no JobSpec form: %s", exc)
         return None
 

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from drover.planner import Plan, evaluate, make_plan, plan_from_dict
+from drover.planner.errors import SpecError
 from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, job_state_name, plan_to_proto
 from drover.storage import queries
@@ -36,7 +37,7 @@ from drover.v1 import agent_pb2
 from . import coordinator, planning
 from .coordinator import JobState, Observation, Proposal
 from .detector import Detector, DetectorSettings
-from .jobfile import JobSpec, job_from_wire
+from .jobfile import JobSpec, job_from_stored
 from .logs import LogRouter
 from .metrics import PlaneMetrics, lag_of
 from .validation import (
@@ -170,7 +171,9 @@ class ControlPlane:
             return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session) if job.state == "running"]
 
         for job, plan_row in await self.store.write(load):
-            spec = job_from_wire(job.model_yaml, source=f"job {job.id}")
+            spec = await self._stored_spec(job)
+            if spec is None:
+                continue
             ranks = json.loads(job.ranks_json)
             self._track(
                 RunningJob(
@@ -189,6 +192,23 @@ class ControlPlane:
             )
         for node in sorted({n for job in self.jobs.values() for n in job.nodes}):
             self._expect_back(node)  # a node that never comes back fails its jobs, as after a disconnect
+
+    async def _stored_spec(self, row: Job) -> JobSpec | None:
+        """A stored job's spec; None, with the job failed, if this version cannot read it (its
+        rules changed): one unreadable job must not hold up the others or the start-up."""
+        try:
+            return job_from_stored(row.model_yaml, f"job {row.id}")
+        except SpecError as exc:
+            detail = f"this control plane cannot read the stored job: {exc}"[:4096]
+
+            def fail(session):
+                stored = queries.get_job(session, row.id)
+                stored.state, stored.detail = "failed", detail
+                queries.add_event(session, row.id, row.step, "job_failed", {"reason": detail})
+
+            await self.store.write(fail)
+            log.error("job %s failed: %s", row.id, detail)
+            return None
 
     def _track(self, job: RunningJob) -> None:
         self.jobs[job.id] = job
@@ -776,7 +796,10 @@ class ControlPlane:
     async def _place_pending(self) -> None:
         for job_id in list(self.pending):
             row = await self.store.query(lambda s, j=job_id: queries.get_job(s, j))
-            spec = job_from_wire(row.model_yaml, f"job {job_id}")
+            spec = await self._stored_spec(row)
+            if spec is None:
+                self.pending.remove(job_id)
+                continue
             nodes, reason = await self._placement(spec)
             if nodes is None:
                 if reason != row.detail:

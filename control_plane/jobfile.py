@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
-from drover.planner.spec_io import Fields, load_mapping
+from drover.planner.spec_io import Fields, SpecLoader, load_mapping
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 from drover.planner.wire import message_to_fields
 from drover.v1 import jobspec_pb2
@@ -56,6 +56,7 @@ class JobSpec:
     training: Training
     resources: Resources = Resources()
     recoveries: Recoveries = Recoveries()
+    name: str = ""
 
     @property
     def steps(self) -> int:
@@ -69,14 +70,20 @@ class JobSpec:
         """The job as job_from_wire reads it back: the model inline, everything else as given."""
         resources = {"resources": self.resources.to_dict()} if self.resources.to_dict() else {}
         recoveries = {"recoveries": {"max": self.recoveries.max, "within_steps": self.recoveries.within_steps}}
-        return {"model": self.model_data} | self.training.to_dict() | resources | recoveries
+        name = {"name": self.name} if self.name else {}
+        return name | {"model": self.model_data} | self.training.to_dict() | resources | recoveries
+
+    def full_dict(self) -> dict:
+        """wire_dict with the model's defaults filled in too: the job as it runs."""
+        model = {k: v for k, v in asdict(self.model).items() if v not in ("", None)}
+        return self.wire_dict() | {"model": model}
 
     def workers_json(self) -> str:
         """What StartJob.model_yaml carries to the agents (agent/supervisor.py's worker_job reads it)."""
         return json.dumps({"model": self.model_data} | self.training.to_dict())
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class _NoAliasLoader(SpecLoader):
     """Safe YAML without aliases (the billion-laughs expansion)."""
 
     def compose_node(self, parent, index):
@@ -94,6 +101,16 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
         data = yaml.load(text, Loader=_NoAliasLoader)
     except (yaml.YAMLError, RecursionError, ValueError) as exc:  # nesting too deep, numbers too long
         raise SpecError(source, "(file)", source, f"plain YAML without aliases ({str(exc)[:200]})") from None
+    return _job(data, source, base_dir=None)
+
+
+def job_from_stored(text: str, source: str) -> JobSpec:
+    """A job as the control plane stored it: its checked mapping as JSON (job_from_wire
+    reads the rows of older versions, stored as YAML)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return job_from_wire(text, source)
     return _job(data, source, base_dir=None)
 
 
@@ -131,8 +148,8 @@ def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_give
     if "resources" in f.data:
         r = f.mapping("resources")
         r.reject_unknown({"nodes", "devices"})
-        if len(r.data) != 1:
-            raise f.error("resources", r.data, "one of {nodes: N} or {devices: N}")
+        if len(r.data) > 1:
+            raise f.error("resources", r.data, "one of {nodes: N} or {devices: N} (neither: every free device)")
         nodes = r.integer("nodes", maximum=65536) if "nodes" in r.data else 0
         resources = Resources(nodes, r.integer("devices", maximum=1 << 20) if "devices" in r.data else 0)
     recoveries = Recoveries()
@@ -140,7 +157,10 @@ def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_give
         r = f.mapping("recoveries")
         r.reject_unknown({"max", "within_steps"})
         recoveries = Recoveries(r.integer("max", 3, minimum=0, maximum=1000), r.integer("within_steps", 1000))
-    return JobSpec(model, model_data, training_from_job(f), resources, recoveries)
+    name = f.get("name", "")
+    if not isinstance(name, (str, int, float)) or isinstance(name, bool) or len(str(name)) > 128:
+        raise f.error("name", name, "a name of at most 128 characters")
+    return JobSpec(model, model_data, training_from_job(f), resources, recoveries, str(name))
 
 
 def load_job(path: str | Path, complete: Complete = _as_given) -> JobSpec:
@@ -158,4 +178,4 @@ def read_job_file(path: str | Path, resume: str | None = None, complete: Complet
     if resume:
         data["resume"] = resume
     job = _job(dict(data), str(path), path.parent, complete)  # checked here: a bad file fails where the user can fix it
-    return ({"name": data["name"]} if "name" in data else {}) | job.wire_dict()
+    return job.wire_dict()

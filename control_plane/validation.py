@@ -27,6 +27,10 @@ MAX_BYTES = 64 * 1024  # a bytes field: a piece of a worker's log
 MAX_ITEMS = 1024  # devices of a node, samples of a message
 MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256, "steps": 256}
 MAX_NUMBER = 1e12  # seconds since the epoch, bytes per second: all well below
+# A job's integers the job file allows past MAX_NUMBER (planner/training.py, planner/model.py).
+MAX_INTEGER_OF = {"seed": (1 << 63) - 1} | dict.fromkeys(
+    ("steps", "block_params", "embedding_params", "head_params", "tp_split_sizes"), 1 << 40
+)
 
 
 class FailedPrecondition(RuntimeError):
@@ -93,8 +97,9 @@ def _check_value(field, value, where: str) -> None:
             names = ", ".join(v.name for v in field.enum_type.values)
             raise InvalidArgument(f"{where} = {value}: one of {names}")
     elif field.type != FieldDescriptor.TYPE_BOOL:
-        if not 0 <= value <= MAX_NUMBER:
-            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {MAX_NUMBER:g}")
+        limit = MAX_INTEGER_OF.get(field.name, MAX_NUMBER)
+        if not 0 <= value <= limit:
+            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {limit:g}")
 
 
 def check_out_dir(out_dir: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,18 @@ import yaml
 from .errors import SpecError
 
 _MISSING = object()
+
+
+class SpecLoader(yaml.SafeLoader):
+    """Safe YAML whose numbers are YAML 1.2's: PyYAML (YAML 1.1) reads 1e-5, without a dot,
+    as a string, and that is how people and JSON write a norm_eps or an lr."""
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_mapping(path: str | Path, kind: str) -> dict:
@@ -28,7 +41,7 @@ def load_mapping(path: str | Path, kind: str) -> dict:
     except UnicodeDecodeError:
         raise SpecError(str(path), "(file)", str(path), f"a {kind} file in UTF-8 text") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=SpecLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SpecError(str(path), "(file)", str(path), f"valid YAML or JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -74,7 +87,9 @@ class Fields:
         self, key: str, default=_MISSING, minimum: float = 0.0, exclusive: bool = True, maximum: float | None = None
     ) -> float:
         value = self.get(key, default)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        # An int of 400 digits is no float: math.isfinite would raise OverflowError on it.
+        as_int = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 1e300
+        ok = as_int or (isinstance(value, float) and math.isfinite(value))
         ok = ok and (value > minimum if exclusive else value >= minimum)
         ok = ok and (maximum is None or value <= maximum)
         if not ok:

@@ -92,6 +92,8 @@ def message_from_fields(data: dict, message, where: str = ""):
     FieldError names the key of a value the message cannot hold."""
     for key, value in data.items():
         path = f"{where}{key}"
+        if value is None:  # YAML's null: not given
+            continue
         fd = message.DESCRIPTOR.fields_by_name.get(key)
         if fd is None:
             allowed = ", ".join(message.DESCRIPTOR.fields_by_name)
@@ -107,6 +109,7 @@ def message_from_fields(data: dict, message, where: str = ""):
                 for item in value:
                     message_from_fields(_mapping(item), getattr(message, key).add(), f"{path}[].")
             elif fd.message_type is not None:
+                getattr(message, key).SetInParent()  # given, even empty: the server judges `checkpoint: {}`
                 message_from_fields(_mapping(value), getattr(message, key), f"{path}.")
             elif fd.is_repeated:
                 getattr(message, key).extend(_scalar(fd, v) for v in value)
@@ -114,8 +117,8 @@ def message_from_fields(data: dict, message, where: str = ""):
                 setattr(message, key, _scalar(fd, value))
         except FieldError:
             raise
-        except (TypeError, ValueError) as exc:
-            raise FieldError(f"{path} = {value!r}: {exc}") from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise FieldError(f"{path} = {str(value)[:100]}: {exc}") from None
     return message
 
 
@@ -143,4 +146,6 @@ def _scalar(fd, value):
         return fd.enum_type.values_by_name[word].number
     if fd.cpp_type == fd.CPPTYPE_DOUBLE and isinstance(value, str):
         return float(value)  # YAML 1.1 reads 1e-8 as a string
+    if fd.cpp_type == fd.CPPTYPE_STRING and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # YAML reads `name: 2024` as a number
     return value

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from drover.client import AsyncClient, Client, EventKind, FailedPrecondition, InvalidArgument, NotFound, job_spec
-from drover.v1 import state_pb2
+from drover.v1 import jobspec_pb2, state_pb2
 
 from support import ROOT, TINY_JOB
 
@@ -19,6 +19,8 @@ def test_a_job_submitted_watched_and_waited_for(drover_control_plane, drover_age
         job = drover.submit_file(ROOT / "examples" / "jobs" / "tiny.yaml", out_dir="out")
         assert job.state == state_pb2.JOB_STATE_RUNNING and job.steps == 30
         assert job.spec.model.layers == 4 and job.spec.optimizer.lr == 3e-3  # as taken, defaults filled in
+        assert job.spec.name == "tiny" and job.spec.model.ffn_hidden == 256 and job.spec.model.mfu == 0.5
+        assert job.spec.model.family == jobspec_pb2.MODEL_FAMILY_GPT and job.spec.model.kv_heads == 4
         kinds = [event.kind for event in drover.watch(job.id)]  # until the job ends
         assert kinds[0] == "job_started" and kinds[-1] == "job_completed"
         assert drover.wait(job.id, timeout_s=10) == "completed"

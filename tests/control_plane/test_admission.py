@@ -5,9 +5,12 @@ devices, and drained nodes get none."""
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
+from drover.storage import queries
 from drover.v1 import jobs_pb2, state_pb2
 
 from support import TINY_JOB, eventually
@@ -84,3 +87,20 @@ async def test_bad_resources_are_invalid(plane, resources, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as info:  # as YAML: a JobSpec cannot even hold the last two
         await plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(job_yaml=asking(resources)))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
+
+
+async def test_a_stored_job_this_version_cannot_read_fails_alone_and_the_queue_moves_on(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    unreadable = await plane.submit(asking("{devices: 3}"))
+    readable = await plane.submit(asking("{devices: 3}"))
+
+    def rules_changed(session):  # as if a later version's rules refused what an earlier one stored
+        queries.get_job(session, unreadable.id).model_yaml = json.dumps({"steps": 3})
+
+    await plane.cp.store.write(rules_changed)
+    newcomer = plane.agent("node-1")
+    assert (await newcomer.receive()).start_job.job_id == readable.id
+    failed = await state_of(plane, unreadable.id)
+    assert failed.state == state_pb2.JOB_STATE_FAILED and "cannot read the stored job" in failed.detail
+    assert [e.kind for e in await plane.events(unreadable.id)][-1] == "job_failed"

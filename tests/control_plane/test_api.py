@@ -123,6 +123,13 @@ async def test_a_bad_job_spec_is_invalid_argument_naming_the_field(plane, spec, 
     assert (await plane.jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
 
 
+async def test_a_job_spec_takes_the_job_files_whole_ranges(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec_with(seed=(1 << 63) - 1)))
+    assert job.seed == (1 << 63) - 1 and job.spec.seed == (1 << 63) - 1
+
+
 async def test_a_job_is_given_as_exactly_one_of_spec_and_yaml(plane):
     plane.agent("node-0")
     await plane.connected(1)

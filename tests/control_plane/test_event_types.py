@@ -43,6 +43,14 @@ def test_every_written_kind_is_an_event_kind_with_a_payload_for_its_details():
         assert {PAYLOAD_KEYS.get(k, k) for k in keys} <= fields, (kind, keys - fields)
 
 
+def test_replan_skipped_holds_every_detail_the_coordinator_weighs():
+    source = (ROOT / "control_plane" / "coordinator.py").read_text()
+    assigned = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)]
+    details = next(n.value for n in assigned if any(getattr(t, "id", "") == "details" for t in n.targets))
+    keys = {k.value for k in details.keys}
+    assert keys and keys <= set(events_pb2.ReplanSkipped.DESCRIPTOR.fields_by_name), keys
+
+
 def test_every_event_kind_has_the_payload_named_like_it():
     payloads = {f.name for f in jobs_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields}
     named = {k.removeprefix("EVENT_KIND_").lower() for k in KINDS} - {"unspecified"}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from drover.client import job_spec
-from drover.control_plane.jobfile import job_from_spec, job_from_wire, load_job, read_job_file
+from drover.control_plane.jobfile import job_from_spec, job_from_stored, job_from_wire, load_job, read_job_file
 from drover.control_plane.validation import InvalidArgument, check_out_dir
 from drover.planner.errors import SpecError
 from drover.v1 import jobspec_pb2
@@ -48,12 +48,34 @@ def test_every_job_file_key_round_trips_through_a_job_spec(tmp_path):
     assert job.training.optimizer.weight_decay == 0 and job.recoveries.max == 0 and not job.training.tensorboard
 
 
+def test_a_stored_job_reads_back_whatever_its_numbers():
+    llama = {**MODEL, "family": "llama", "kv_heads": 2, "norm_eps": 1e-6, "rope_theta": 5e5}
+    job = job_from_wire(json.dumps({"model": llama, "steps": 2, "optimizer": {"eps": 1e-12}, "seed": (1 << 63) - 1}))
+    stored = json.dumps(job.wire_dict())  # '1e-06': a string to YAML 1.1, a number to JSON
+    assert job_from_stored(stored, "job-1") == job
+    plain = job_from_wire(json.dumps({"model": MODEL, "steps": 2}))
+    assert job_from_stored(yaml.safe_dump(plain.wire_dict()), "job-2") == plain  # YAML rows: still read
+
+
+def test_job_file_values_yaml_gives_other_types_become_what_the_job_means():
+    spec = job_spec({"name": 2024, "steps": 3, "optimizer": {"clip_norm": None}, "resources": {}, "checkpoint": {}})
+    assert spec.name == "2024"  # YAML read a number; a name is its text
+    assert not spec.optimizer.HasField("clip_norm")  # null: no clipping, as in the job file
+    assert spec.HasField("resources") and spec.HasField("checkpoint")  # given empty: the server judges them
+    fields = {"model": MODEL, "steps": 3, "resources": {}}
+    assert job_from_spec(job_spec(fields)).resources.to_dict() == {}  # empty: every free device
+    with pytest.raises(SpecError, match="'checkpoint.dir'"):
+        job_from_spec(job_spec({"model": MODEL, "steps": 3, "checkpoint": {}}))
+    with pytest.raises(SpecError, match="'optimizer.lr' = 1000000"):
+        job_from_wire(json.dumps({"model": MODEL, "steps": 3, "optimizer": {"lr": 10**400}}))
+
+
 def test_a_job_spec_names_a_key_it_cannot_hold():
     with pytest.raises(ValueError, match=r"optimizer\.momentum: not a field of Optimizer"):
         job_spec({"steps": 3, "optimizer": {"momentum": 0.9}})
     with pytest.raises(ValueError, match=r"resources\.devices: resources\.nodes is set; only one of nodes, devices"):
         job_spec({"steps": 3, "resources": {"nodes": 1, "devices": 2}})
-    with pytest.raises(ValueError, match=r"precision = 'fp8': one of fp32, bf16"):
+    with pytest.raises(ValueError, match=r"precision = fp8: one of fp32, bf16"):
         job_spec({"steps": 3, "precision": "fp8"})
 
 

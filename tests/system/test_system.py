@@ -399,6 +399,10 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     job_id = json.loads(submitted.stdout)["id"]
     watched = run_cli(c, "job", "watch", job_id)
     assert watched.returncode == 0 and "job_completed" in watched.stdout  # exit 0: completed
+    lines = run_cli(c, "job", "watch", job_id, "--json").stdout.splitlines()
+    events = [json.loads(line) for line in lines]
+    assert events[0]["kind"] == "job_started" and events[-1]["kind"] == "job_completed"
+    assert json.loads(events[0]["details_json"])["devices"] == ["node-0/0", "node-0/1"]
     listed = json.loads(run_cli(c, "job", "list", "--json").stdout)["jobs"]
     assert [(j["id"], j["state"]) for j in listed] == [(job_id, "JOB_STATE_COMPLETED")]
     assert "completed" in run_cli(c, "job", "status", job_id).stdout
