@@ -32,14 +32,10 @@ class Group:
 
 
 def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
-    """Tensor-parallel sizes Megatron can split this model into, up to a node's GPUs."""
+    """Tensor-parallel sizes this model splits into (rule 6: any size dividing heads,
+    ffn_hidden and kv_heads, powers of two or not), up to a node's GPUs."""
     biggest = max(n.gpus for n in cluster.nodes)
-    sizes, t = [], 1
-    while t <= biggest:
-        if model.tp_divides(t):
-            sizes.append(t)
-        t *= 2
-    return sizes
+    return [t for t in range(1, biggest + 1) if model.tp_divides(t)]
 
 
 def _largest_size(count: int, tp: int, sizes: list[int]) -> int:
@@ -47,21 +43,27 @@ def _largest_size(count: int, tp: int, sizes: list[int]) -> int:
 
 
 def form_groups(
-    cluster: Cluster, model: ModelSpec, tp: int, split_ratio: float = math.inf, remove_from_rate: float = math.inf
+    cluster: Cluster,
+    model: ModelSpec,
+    tp: int,
+    split_ratio: float = math.inf,
+    remove_from_rate: float = math.inf,
+    left_out: frozenset[int] = frozenset(),
 ) -> tuple[list[Group], list[str]]:
     """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
 
     Within a node GPUs are taken fastest first; a group closes early when the
     next GPU is more than `split_ratio` times slower than the group's first,
     so stragglers start groups of their own. GPUs with rate >=
-    `remove_from_rate` are removed. Group sizes are always valid TP sizes.
+    `remove_from_rate` are removed, and so are those of the nodes `left_out`.
+    Group sizes are always valid TP sizes.
     """
     sizes = tp_degrees(cluster, model)
     groups: list[Group] = []
     removed: list[str] = []
     by_node: dict[int, list[Device]] = {}
     for d in cluster.devices:
-        if d.rate >= remove_from_rate or d.failed:
+        if d.rate >= remove_from_rate or d.failed or d.node in left_out:
             if not d.failed:
                 removed.append(d.id)
             continue

@@ -20,9 +20,15 @@ from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
 from .orchestration import ARRANGEMENTS, arrange, partition_layers
 from .plan import Plan
+from .polish import polish
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 FINALISTS = 3
+POLISH_STARTS = 3  # the best layouts local search starts from
+# Layouts local search may score: many on a small cluster, where each costs microseconds; a few
+# hundred on a large one, where each costs milliseconds (64 GPUs plan in 0.2 s, 1,024 in 3 s).
+POLISH_WORK = 16_000  # divided by the usable GPUs
+POLISH_EVALUATIONS = (250, 4000)
 
 
 def stage_counts(layers: int, groups: int) -> list[int]:
@@ -37,6 +43,18 @@ def stage_counts(layers: int, groups: int) -> list[int]:
     return depths
 
 
+def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
+    """Nodes to leave out: none, then those of the weakest kind of GPU, then the two weakest
+    kinds, ... A kind weaker in FLOP/s or memory can cost a plan more than it brings (its
+    stages set the pace, or cannot hold the LM head), and no rate threshold removes it."""
+    kinds = sorted({(n.gpu.tflops, n.gpu.memory_gib) for n in cluster.nodes})
+    out = [frozenset()]
+    for k in range(1, len(kinds)):
+        weak = set(kinds[:k])
+        out.append(frozenset(i for i, n in enumerate(cluster.nodes) if (n.gpu.tflops, n.gpu.memory_gib) in weak))
+    return out
+
+
 def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str) -> Candidate | None:
     groups, removed = grouping
     if not groups:
@@ -47,6 +65,11 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
         groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
     pipelines = arrange(groups, S, how, cluster, model.micro_batches)
     costs = partition_layers(pipelines, model, cluster)
+    if costs is None and len({len(p) for p in pipelines}) > 1:  # the short pipelines may be what cannot fit
+        deepest = max(len(p) for p in pipelines)
+        removed = removed + [d for p in pipelines if len(p) < deepest for g in p for d in g.devices]
+        pipelines = [p for p in pipelines if len(p) == deepest]
+        costs = partition_layers(pipelines, model, cluster)
     if costs is None:
         return None
     devices = [[g.devices for g in pipe] for pipe in pipelines]
@@ -60,38 +83,50 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
     grouped: dict[tuple, tuple] = {}
     tried: set[tuple] = set()
 
-    def groups(t: int, split: float, cut: float) -> tuple:
-        if (t, split, cut) not in grouped:
-            grouped[t, split, cut] = form_groups(cluster, model, t, split, cut)
-        return grouped[t, split, cut]
+    def groups(t: int, split: float, cut: float, out: frozenset) -> tuple:
+        if (t, split, cut, out) not in grouped:
+            grouped[t, split, cut, out] = form_groups(cluster, model, t, split, cut, out)
+        return grouped[t, split, cut, out]
 
     def try_layout(key: tuple) -> None:
         if key in tried:
             return
         tried.add(key)
-        t, S, how, split, cut = key
-        consider(key, _layout(cluster, model, groups(t, split, cut), S, how))
+        t, S, how, split, cut, out = key
+        consider(key, _layout(cluster, model, groups(t, split, cut, out), S, how))
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
             found.append((candidate.step_time_s, key, candidate))
 
-    for t in tp_degrees(cluster, model):
-        for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, math.inf)[0])):
-            for how in ARRANGEMENTS:
-                try_layout((t, S, how, SPLIT_RATIO, math.inf))
-    # Round two: the depths between round one's, around the best layouts.
-    for _, (t, S, how, split, cut), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
-        for depth in range(max(1, S - 3), S + 4):
-            try_layout((t, depth, how, split, cut))
-    # Round three: removal cuts and rate-blind grouping for the best layouts.
     rates = sorted({d.rate for d in cluster.usable if d.rate > 1.0})
-    for _, (t, S, how, _, _), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+    for out in weaker_nodes(cluster):
+        before = len(found)
+        for t in tp_degrees(cluster, model):
+            for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, math.inf, out)[0])):
+                for how in ARRANGEMENTS:
+                    try_layout((t, S, how, SPLIT_RATIO, math.inf, out))
+        if len(found) == before:  # nothing fits as is: GPUs past a straggling rate may be what does not
+            for t in tp_degrees(cluster, model):
+                for cut in rates:
+                    for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, cut, out)[0])):
+                        try_layout((t, S, "rows", SPLIT_RATIO, cut, out))
+    # Round two: the depths between round one's, around the best layouts.
+    for _, (t, S, how, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+        for depth in range(max(1, S - 3), S + 4):
+            try_layout((t, depth, how, split, cut, out))
+    # Round three: removal cuts and rate-blind grouping for the best layouts.
+    for _, (t, S, how, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in (SPLIT_RATIO, math.inf):
             for cut in rates + [math.inf]:
-                try_layout((t, S, how, split, cut))
+                try_layout((t, S, how, split, cut, out))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         consider((name,), baseline(cluster, model))
+    ranked = [c for _, _, c in sorted(found, key=lambda f: f[0])]
+    budget = min(max(POLISH_WORK // len(cluster.usable), POLISH_EVALUATIONS[0]), POLISH_EVALUATIONS[1])
+    polished = polish(ranked, cluster, model, budget, POLISH_STARTS) if ranked else None
+    if polished is not None:
+        found.append((polished.step_time_s, ("polished",), polished))
     if not found:
         raise PlanError(
             "no-feasible-plan",

@@ -1,0 +1,327 @@
+"""Local search from the search's best layouts: moves the three phases cannot make.
+
+The phases build plans from rules (stragglers grouped apart, groups dealt into
+pipelines, the fastest first); the cost model then judges them. Some better
+plans are one or two edits away from what the rules build: the strongest group
+last, where the LM head is; a healthy GPU left idle because another pipeline
+or a wider TP group costs more than it brings; a group split in two stages or
+two merged; one block moved across a stage boundary. `polish` tries such edits
+on a layout, keeps each that lowers the step time, and stops when none does or
+its budget of evaluations is spent (so planning time stays bounded at 1,024
+GPUs). Blocks are re-split by orchestration's partition after each edit of the
+groups, then moved one at a time by the cost model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .candidate import Candidate, score
+from .cluster import Cluster
+from .cost import MEMORY_HEADROOM, StageCost, stage_memory_bytes
+from .grouping import Group
+from .model import ModelSpec
+from .orchestration import partition_layers
+
+Pipelines = tuple[tuple[Group, ...], ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    pipelines: Pipelines
+    removed: tuple[str, ...]
+
+
+class Polisher:
+    def __init__(self, cluster: Cluster, model: ModelSpec, max_evaluations: int):
+        self.cluster, self.model = cluster, model
+        self.left = max_evaluations
+        self.devices = cluster.device_by_id
+        self._groups: dict[tuple, Group] = {}
+        self.seen: dict[Layout, Candidate | None] = {}
+
+    def group(self, ids) -> Group:
+        """The group of these devices (one node), cached by its members."""
+        key = tuple(sorted(ids, key=lambda d: self.devices[d].index))
+        if key not in self._groups:
+            members = [self.devices[d] for d in key]
+            node = members[0].node
+            self._groups[key] = Group(
+                key,
+                node,
+                min(self.cluster.speed(d, self.model.mfu) for d in members),
+                min(self.cluster.memory_bytes(d) for d in members),
+                max(d.rate for d in members),
+                self.cluster.link_bw(node, node),
+            )
+        return self._groups[key]
+
+    def evaluate(self, layout: Layout) -> Candidate | None:
+        if layout not in self.seen:
+            self.left -= 1
+            self.seen[layout] = _candidate(layout, self.cluster, self.model)
+        return self.seen[layout]
+
+    # -- edits of the groups --------------------------------------------------------
+
+    def edits(self, layout: Layout) -> Iterator[Layout]:
+        pipes, removed = layout.pipelines, layout.removed
+        valid = self.model.tp_divides
+        for p, pipe in enumerate(pipes):
+            for i in range(len(pipe)):  # a stage to another position: the LM head's stage matters
+                for j in range(len(pipe)):
+                    if i != j:
+                        order = list(pipe)
+                        order.insert(j, order.pop(i))
+                        yield _with(layout, p, tuple(order))
+        for p, pipe in enumerate(pipes):  # a group left idle
+            for i, g in enumerate(pipe):
+                rest = pipe[:i] + pipe[i + 1 :]
+                if rest:
+                    yield _with(layout, p, rest, removed=removed + g.devices)
+                elif len(pipes) > 1:
+                    yield Layout(pipes[:p] + pipes[p + 1 :], removed + g.devices)
+        for node in sorted({g.node for pipe in pipes for g in pipe}):  # a node left idle: its links may cost most
+            kept = tuple(tuple(g for g in pipe if g.node != node) for pipe in pipes)
+            idle = tuple(d for pipe in pipes for g in pipe if g.node == node for d in g.devices)
+            if any(kept):
+                yield Layout(tuple(pipe for pipe in kept if pipe), removed + idle)
+        if len(pipes) > 1:  # a pipeline left idle
+            for p, pipe in enumerate(pipes):
+                yield Layout(pipes[:p] + pipes[p + 1 :], removed + tuple(d for g in pipe for d in g.devices))
+        for p, pipe in enumerate(pipes):  # a stage as a pipeline of its own (one more replica)
+            if len(pipe) > 1:
+                for i, g in enumerate(pipe):
+                    yield Layout(_replace(pipes, p, pipe[:i] + pipe[i + 1 :]) + ((g,),), removed)
+        yield from self._regroupings(layout)
+        for p, pipe in enumerate(pipes):  # a group in two stages, or two stages in one group
+            for i, g in enumerate(pipe):
+                by_speed = sorted(g.devices, key=lambda d: (self.devices[d].rate, self.devices[d].index))
+                idle = [d for d in removed if self.devices[d].node == g.node]
+                for a in range(1, g.t):
+                    if not (valid(a) and valid(g.t - a)):
+                        continue
+                    for first, second, rest in self._halves(by_speed[:a], by_speed[a:], idle, removed):
+                        yield Layout(_replace(pipes, p, pipe[:i] + (first, second) + pipe[i + 1 :]), rest)
+                        yield Layout(_replace(pipes, p, pipe[:i] + (second, first) + pipe[i + 1 :]), rest)
+            if all(g.t % 2 == 0 and valid(g.t // 2) for g in pipe):  # TP halved, data parallelism doubled
+                halves = (
+                    [self.group(g.devices[: g.t // 2]) for g in pipe],
+                    [self.group(g.devices[g.t // 2 :]) for g in pipe],
+                )
+                yield Layout(_replace(pipes, p, tuple(halves[0])) + (tuple(halves[1]),), removed)
+            for i in range(len(pipe) - 1):
+                a, b = pipe[i], pipe[i + 1]
+                if a.node == b.node and valid(a.t + b.t):
+                    yield _with(layout, p, pipe[:i] + (self.group(a.devices + b.devices),) + pipe[i + 2 :])
+        for d in removed:  # an idle GPU back: in a group of its node, or a stage of its own
+            node = self.devices[d].node
+            rest = tuple(x for x in removed if x != d)
+            for p, pipe in enumerate(pipes):
+                for i, g in enumerate(pipe):
+                    if g.node == node and valid(g.t + 1):
+                        yield Layout(
+                            _replace(pipes, p, pipe[:i] + (self.group(g.devices + (d,)),) + pipe[i + 1 :]), rest
+                        )
+                yield Layout(_replace(pipes, p, pipe + (self.group((d,)),)), rest)
+            yield Layout(pipes + ((self.group((d,)),),), rest)
+        yield from self._whole_groups(layout)
+        if len(pipes) > 1:  # a stage to another pipeline
+            for p, pipe in enumerate(pipes):
+                if len(pipe) < 2:
+                    continue
+                for i, g in enumerate(pipe):
+                    for q in range(len(pipes)):
+                        if q != p:
+                            moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
+                            yield Layout(_replace(moved, q, pipes[q] + (g,)), removed)
+
+    def _halves(self, first: list[str], second: list[str], idle: list[str], removed: tuple[str, ...]):
+        """A group's two halves, and the same with one idle GPU of its node joining either."""
+        valid = self.model.tp_divides
+        yield self.group(first), self.group(second), removed
+        for d in idle:
+            rest = tuple(x for x in removed if x != d)
+            if valid(len(first) + 1):
+                yield self.group([*first, d]), self.group(second), rest
+            if valid(len(second) + 1):
+                yield self.group(first), self.group([*second, d]), rest
+
+    def _regroupings(self, layout: Layout) -> Iterator[Layout]:
+        """One GPU from a group to another group of its node (4 + 2 -> 3 + 3), or the two swap
+        places (a straggler joins the other straggler's group)."""
+        pipes, valid = layout.pipelines, self.model.tp_divides
+        places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
+        for p, i, a in places:
+            for q, j, b in places:
+                if a.node != b.node or (p, i) >= (q, j):
+                    continue
+                for d in a.devices:
+                    if a.t > 1 and valid(a.t - 1) and valid(b.t + 1):
+                        rest = tuple(x for x in a.devices if x != d)
+                        yield Layout(
+                            _regroup(pipes, (p, i, self.group(rest)), (q, j, self.group(b.devices + (d,)))),
+                            layout.removed,
+                        )
+                    for e in b.devices:
+                        if self.devices[d].rate != self.devices[e].rate:
+                            ga = self.group(tuple(x for x in a.devices if x != d) + (e,))
+                            gb = self.group(tuple(x for x in b.devices if x != e) + (d,))
+                            yield Layout(_regroup(pipes, (p, i, ga), (q, j, gb)), layout.removed)
+                for e in b.devices:
+                    if b.t > 1 and valid(b.t - 1) and valid(a.t + 1):
+                        rest = tuple(x for x in b.devices if x != e)
+                        yield Layout(
+                            _regroup(pipes, (p, i, self.group(a.devices + (e,))), (q, j, self.group(rest))),
+                            layout.removed,
+                        )
+
+    def _whole_groups(self, layout: Layout) -> Iterator[Layout]:
+        """Edits by whole groups: two groups of a node anywhere merged into one (two single-stage
+        pipelines as one wider group), and a node's idle GPUs back as one group as wide as the
+        model allows: a stage before or after each pipeline, or a pipeline of its own."""
+        pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
+        places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
+        for p, i, a in places:
+            for q, j, b in places:
+                if a.node == b.node and (p, i) < (q, j) and valid(a.t + b.t) and not (p == q and j == i + 1):
+                    out = [list(pipe) for pipe in pipes]
+                    out[p][i] = self.group(a.devices + b.devices)
+                    del out[q][j]
+                    yield Layout(tuple(tuple(pipe) for pipe in out if pipe), removed)
+        usable: dict[int, list[str]] = {}  # a node alone, as wide as it goes: where links cost most
+        for d in self.cluster.usable:
+            usable.setdefault(d.node, []).append(d.id)
+        for ids in usable.values():
+            ids.sort(key=lambda d: (self.devices[d].rate, self.devices[d].index))
+            for width in (t for t in range(1, len(ids) + 1) if valid(t)):
+                alone = self.group(ids[:width])
+                yield Layout(((alone,),), tuple(d.id for d in self.cluster.usable if d.id not in alone.devices))
+        idle: dict[int, list[str]] = {}
+        for d in removed:
+            idle.setdefault(self.devices[d].node, []).append(d)
+        for ids in idle.values():
+            ids.sort(key=lambda d: (self.devices[d].rate, self.devices[d].index))
+            for width in (t for t in range(2, len(ids) + 1) if valid(t)):  # one GPU back: the edits above
+                g, rest = self.group(ids[:width]), tuple(d for d in removed if d not in ids[:width])
+                for p, pipe in enumerate(pipes):
+                    yield Layout(_replace(pipes, p, pipe + (g,)), rest)
+                    yield Layout(_replace(pipes, p, (g,) + pipe), rest)
+                yield Layout(pipes + ((g,),), rest)
+
+    def climb(self, layout: Layout) -> tuple[Layout, Candidate | None]:
+        best = self.evaluate(layout)
+        improved = best is not None
+        while improved and self.left > 0:
+            improved = False
+            for edit in self.edits(layout):
+                if self.left <= 0:
+                    break
+                found = self.evaluate(edit)
+                if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
+                    layout, best, improved = edit, found, True
+                    break
+        return layout, best
+
+    # -- blocks one at a time ---------------------------------------------------------
+
+    def shift_blocks(self, candidate: Candidate) -> Candidate:
+        """Move single blocks across stage boundaries while the cost model says it helps."""
+        best = candidate
+        improved = True
+        while improved and self.left > 0:
+            improved = False
+            for p, row in enumerate(best.costs):
+                for k in range(len(row) - 1):
+                    for delta in (1, -1):  # a block from stage k to k+1, or back
+                        costs = _shifted(best.costs, p, k, delta)
+                        if costs is None:
+                            continue
+                        self.left -= 1
+                        found = score(best.devices, costs, best.removed, self.model, self.cluster)
+                        if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
+                            if _fits(found, self.model):
+                                best, improved = found, True
+                                break
+                    if improved or self.left <= 0:
+                        break
+                if improved or self.left <= 0:
+                    break
+        return best
+
+
+def _with(layout: Layout, p: int, pipe: tuple[Group, ...], removed: tuple[str, ...] | None = None) -> Layout:
+    return Layout(_replace(layout.pipelines, p, pipe), layout.removed if removed is None else removed)
+
+
+def _regroup(pipes: Pipelines, *changes: tuple[int, int, Group]) -> Pipelines:
+    out = [list(pipe) for pipe in pipes]
+    for p, i, g in changes:
+        out[p][i] = g
+    return tuple(tuple(pipe) for pipe in out)
+
+
+def _replace(pipes: Pipelines, p: int, pipe: tuple[Group, ...]) -> Pipelines:
+    return pipes[:p] + (pipe,) + pipes[p + 1 :]
+
+
+def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate | None:
+    if not layout.pipelines or len(layout.pipelines) > model.micro_batches:
+        return None
+    costs = partition_layers([list(p) for p in layout.pipelines], model, cluster)
+    if costs is None:
+        return None
+    devices = [[g.devices for g in pipe] for pipe in layout.pipelines]
+    return score(devices, costs, list(layout.removed), model, cluster)
+
+
+def _shifted(costs: list[list[StageCost]], p: int, k: int, delta: int) -> list[list[StageCost]] | None:
+    """Stage k of pipeline p gives one block to stage k+1 (delta 1) or takes one (delta -1)."""
+    a, b = costs[p][k], costs[p][k + 1]
+    boundary = a.end - delta
+    if not (a.start < boundary < b.end):
+        return None
+    row = list(costs[p])
+    row[k] = StageCost(a.node, a.t, a.speed, a.memory, a.start, boundary)
+    row[k + 1] = StageCost(b.node, b.t, b.speed, b.memory, boundary, b.end)
+    return costs[:p] + [row] + costs[p + 1 :]
+
+
+def _fits(candidate: Candidate, model: ModelSpec) -> bool:
+    """Section 5's memory with each pipeline's own micro-batches."""
+    for row, m in zip(candidate.costs, candidate.micro_batches):
+        for k, c in enumerate(row):
+            if stage_memory_bytes(c.n, k, len(row), m, c.t, model) > MEMORY_HEADROOM * c.memory:
+                return False
+    return True
+
+
+def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:
+    pipes = tuple(tuple(polisher.group(ids) for ids in row) for row in candidate.devices)
+    return Layout(pipes, tuple(candidate.removed))
+
+
+def polish(
+    ranked: list[Candidate], cluster: Cluster, model: ModelSpec, max_evaluations: int, starts: int
+) -> Candidate | None:
+    """The best plan local search reaches from the first `starts` distinct layouts of `ranked`
+    (best first) within the budget."""
+    polisher = Polisher(cluster, model, max_evaluations)
+    best = None
+    layouts: dict[Layout, Candidate] = {}
+    for candidate in ranked:  # the same layout twice climbs the same hill
+        if len(layouts) == starts:
+            break
+        layouts.setdefault(layout_of(candidate, polisher), candidate)
+    for start in layouts.values():
+        if polisher.left <= 0:
+            break
+        _, found = polisher.climb(layout_of(start, polisher))
+        if found is None:
+            continue
+        found = polisher.shift_blocks(found)
+        for candidate in (start, found):
+            if best is None or candidate.step_time_s < best.step_time_s:
+                best = candidate
+    return best
