@@ -63,8 +63,12 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
     return out
 
 
-def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster) -> list[list[StageCost]] | None:
+def partition_layers(
+    pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0
+) -> list[list[StageCost]] | None:
     """Blocks per stage for every pipeline, or None if some pipeline cannot hold the model.
+    Memory is counted with `in_flight` micro-batches at most (0: M, so any split of the
+    micro-batches fits; fewer lets a small GPU hold a stage of a pipeline given few).
 
     Per pipeline, minimises max_k (n_k * w_k + e_k), where w_k is the stage's
     time per block (compute, tensor-parallel all-reduces, and its share of the
@@ -87,7 +91,7 @@ def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cl
     for pipe in pipelines:
         shape = tuple((g.t, g.speed, g.memory, g.intra_bw, position_bw[k]) for k, g in enumerate(pipe))
         if shape not in solved:
-            solved[shape] = _blocks_per_stage(shape, model, mu, sync_factor)
+            solved[shape] = _blocks_per_stage(shape, model, mu, sync_factor, in_flight or model.micro_batches)
         counts = solved[shape]
         if counts is None:
             return None
@@ -99,8 +103,10 @@ def partition_layers(pipelines: list[list[Group]], model: ModelSpec, cluster: Cl
     return out
 
 
-def _blocks_per_stage(shape: tuple, model: ModelSpec, mu: float, sync_factor: float) -> list[int] | None:
-    L, M, S = model.layers, model.micro_batches, len(shape)
+def _blocks_per_stage(
+    shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int
+) -> list[int] | None:
+    L, S = model.layers, len(shape)
     if S > L:
         return None
     weights, extras, caps = [], [], []
@@ -113,7 +119,7 @@ def _blocks_per_stage(shape: tuple, model: ModelSpec, mu: float, sync_factor: fl
         extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
         # Section 5's memory, solved for n, with the most micro-batches in flight (m = M).
         fixed = BYTES_PER_PARAM * (model.embedding_params * (k == 0) + model.head_params * (k == S - 1))
-        per_block = BYTES_PER_PARAM * model.block_params + min(S - k, M) * model.block_activation_memory
+        per_block = BYTES_PER_PARAM * model.block_params + min(S - k, in_flight) * model.block_activation_memory
         caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
     if min(caps) < 1 or sum(caps) < L:
         return None

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .assignment import assign_micro_batches
 from .candidate import Candidate, score
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, StageCost, stage_memory_bytes
+from .cost import MEMORY_HEADROOM, StageCost, pipeline_terms, stage_memory_bytes
 from .grouping import Group
 from .model import ModelSpec
 from .orchestration import partition_layers
@@ -125,7 +126,12 @@ class Polisher:
                             _replace(pipes, p, pipe[:i] + (self.group(g.devices + (d,)),) + pipe[i + 1 :]), rest
                         )
                 yield Layout(_replace(pipes, p, pipe + (self.group((d,)),)), rest)
+                yield Layout(_replace(pipes, p, (self.group((d,)),) + pipe), rest)
             yield Layout(pipes + ((self.group((d,)),),), rest)
+        for pipe in pipes:  # one more pipeline of idle GPUs, shaped like one that runs
+            copy = self._copy(pipe, removed)
+            if copy is not None:
+                yield Layout(pipes + (copy[0],), copy[1])
         yield from self._whole_groups(layout)
         if len(pipes) > 1:  # a stage to another pipeline
             for p, pipe in enumerate(pipes):
@@ -136,6 +142,26 @@ class Polisher:
                         if q != p:
                             moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
                             yield Layout(_replace(moved, q, pipes[q] + (g,)), removed)
+
+    def _copy(self, pipe: tuple[Group, ...], removed: tuple[str, ...]):
+        """A pipeline as deep as `pipe` from idle GPUs, each stage from the node of `pipe`'s
+        stage (replicas of a block then sync inside a node) or else the node with the most idle
+        GPUs, as wide as `pipe`'s stage where it can be; None if too few are idle."""
+        idle: dict[int, list[str]] = {}
+        for d in sorted(removed, key=lambda d: (self.devices[d].rate, self.devices[d].index)):
+            idle.setdefault(self.devices[d].node, []).append(d)
+        stages = []
+        for g in pipe:
+            node = g.node if g.node in idle else max(idle, key=lambda n: (len(idle[n]), -n), default=None)
+            if node is None:
+                return None
+            width = max(t for t in range(1, min(g.t, len(idle[node])) + 1) if self.model.tp_divides(t))
+            stages.append(self.group(idle[node][:width]))
+            idle[node] = idle[node][width:]
+            if not idle[node]:
+                del idle[node]
+        used = {d for g in stages for d in g.devices}
+        return tuple(stages), tuple(d for d in removed if d not in used)
 
     def _halves(self, first: list[str], second: list[str], idle: list[str], removed: tuple[str, ...]):
         """A group's two halves, and the same with one idle GPU of its node joining either."""
@@ -269,11 +295,48 @@ def _replace(pipes: Pipelines, p: int, pipe: tuple[Group, ...]) -> Pipelines:
 def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate | None:
     if not layout.pipelines or len(layout.pipelines) > model.micro_batches:
         return None
-    costs = partition_layers([list(p) for p in layout.pipelines], model, cluster)
+    pipes = [list(p) for p in layout.pipelines]
+    devices = [[g.devices for g in pipe] for pipe in layout.pipelines]
+    costs = partition_layers(pipes, model, cluster)
+    if costs is not None:  # fits whatever each pipeline's share of the micro-batches
+        found = score(devices, costs, list(layout.removed), model, cluster)
+        aligned = _aligned(costs, model)
+        if aligned is not None:  # replicas of a block on the same stage index sync cheaper
+            other = score(devices, aligned, list(layout.removed), model, cluster)
+            if other is not None and _fits(other, model) and (found is None or other.step_time_s < found.step_time_s):
+                return other
+        return found
+    # A small GPU may hold its stage only in a pipeline given few micro-batches.
+    costs = partition_layers(pipes, model, cluster, in_flight=1)
     if costs is None:
         return None
-    devices = [[g.devices for g in pipe] for pipe in layout.pipelines]
-    return score(devices, costs, list(layout.removed), model, cluster)
+    caps = [_most_micro_batches(row, model) for row in costs]
+    if min(caps) < 1:
+        return None
+    terms = [pipeline_terms(row, model, cluster) for row in costs]
+    micro = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches, caps)
+    return None if micro is None else score(devices, costs, list(layout.removed), model, cluster, micro)
+
+
+def _aligned(costs: list[list[StageCost]], model: ModelSpec) -> list[list[StageCost]] | None:
+    """Every pipeline split at the block boundaries of the first pipeline as deep as it; None if
+    that changes nothing."""
+    bounds: dict[int, list[tuple[int, int]]] = {}
+    out, changed = [], False
+    for row in costs:
+        ranges = bounds.setdefault(len(row), [(c.start, c.end) for c in row])
+        changed |= ranges != [(c.start, c.end) for c in row]
+        out.append([StageCost(c.node, c.t, c.speed, c.memory, a, b) for c, (a, b) in zip(row, ranges)])
+    return out if changed else None
+
+
+def _most_micro_batches(row: list[StageCost], model: ModelSpec) -> int:
+    """The most micro-batches a pipeline's memory holds (M if it holds as many as it has stages)."""
+    S = len(row)
+    for m in range(min(S, model.micro_batches), 0, -1):
+        if all(stage_memory_bytes(c.n, k, S, m, c.t, model) <= MEMORY_HEADROOM * c.memory for k, c in enumerate(row)):
+            return model.micro_batches if m == min(S, model.micro_batches) else m
+    return 0
 
 
 def _shifted(costs: list[list[StageCost]], p: int, k: int, delta: int) -> list[list[StageCost]] | None:

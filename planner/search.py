@@ -24,11 +24,11 @@ from .polish import polish
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 FINALISTS = 3
-POLISH_STARTS = 3  # the best layouts local search starts from
+POLISH_STARTS = 8  # the best layouts local search starts from
 # Layouts local search may score: many on a small cluster, where each costs microseconds; a few
 # hundred on a large one, where each costs milliseconds (64 GPUs plan in 0.2 s, 1,024 in 3 s).
-POLISH_WORK = 16_000  # divided by the usable GPUs
-POLISH_EVALUATIONS = (250, 4000)
+POLISH_WORK = 10_000  # divided by the usable GPUs
+POLISH_EVALUATIONS = (150, 4000)
 
 
 def stage_counts(layers: int, groups: int) -> list[int]:
