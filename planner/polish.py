@@ -26,6 +26,7 @@ from .model import ModelSpec
 from .orchestration import partition_layers
 
 Pipelines = tuple[tuple[Group, ...], ...]
+NEIGHBOURS = 4  # layouts next to the best hill top that local search climbs from again
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,13 @@ class Polisher:
         places (a straggler joins the other straggler's group)."""
         pipes, valid = layout.pipelines, self.model.tp_divides
         places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
+        for p, i, a in places:  # a member and an idle GPU of its node change places
+            for d in a.devices:
+                for e in layout.removed:
+                    if self.devices[e].node == a.node and self.devices[e].rate != self.devices[d].rate:
+                        swapped = self.group(tuple(x for x in a.devices if x != d) + (e,))
+                        rest = tuple(x for x in layout.removed if x != e) + (d,)
+                        yield Layout(_regroup(pipes, (p, i, swapped)), rest)
         for p, i, a in places:
             for q, j, b in places:
                 if a.node != b.node or (p, i) >= (q, j):
@@ -369,22 +377,38 @@ def polish(
     ranked: list[Candidate], cluster: Cluster, model: ModelSpec, max_evaluations: int, starts: int
 ) -> Candidate | None:
     """The best plan local search reaches from the first `starts` distinct layouts of `ranked`
-    (best first) within the budget."""
+    (best first) within the budget; then, while budget is left, from the best few layouts one
+    edit away from the best hill top (a hill next to it may be higher)."""
     polisher = Polisher(cluster, model, max_evaluations)
-    best = None
+    best, top = None, None
     layouts: dict[Layout, Candidate] = {}
     for candidate in ranked:  # the same layout twice climbs the same hill
         if len(layouts) == starts:
             break
         layouts.setdefault(layout_of(candidate, polisher), candidate)
-    for start in layouts.values():
-        if polisher.left <= 0:
-            break
-        _, found = polisher.climb(layout_of(start, polisher))
+    climbed: set[Layout] = set()
+    queue, explored = list(layouts), None
+    while polisher.left > 0:
+        if not queue:  # the starts are climbed: next, the neighbours of the best hill top, best first
+            if top is None or top[0] == explored:
+                break
+            explored = top[0]
+            near = [
+                (c.step_time_s, i, e) for i, e in enumerate(polisher.edits(explored)) if (c := polisher.seen.get(e))
+            ]
+            queue = [e for _, _, e in sorted(near) if e not in climbed][:NEIGHBOURS]
+            continue
+        start = queue.pop(0)
+        climbed.add(start)
+        peak, found = polisher.climb(start)
         if found is None:
             continue
+        if top is None or found.step_time_s < top[1].step_time_s * (1 - 1e-9):
+            top = (peak, found)
         found = polisher.shift_blocks(found)
-        for candidate in (start, found):
-            if best is None or candidate.step_time_s < best.step_time_s:
-                best = candidate
+        if best is None or found.step_time_s < best.step_time_s:
+            best = found
+    for candidate in layouts.values():
+        if best is None or candidate.step_time_s < best.step_time_s:
+            best = candidate
     return best
