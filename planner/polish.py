@@ -96,6 +96,8 @@ class Polisher:
             if len(pipe) > 1:
                 for i, g in enumerate(pipe):
                     yield Layout(_replace(pipes, p, pipe[:i] + pipe[i + 1 :]) + ((g,),), removed)
+        if any(len(pipe) > 1 for pipe in pipes):  # every stage a pipeline of its own: depth into replicas
+            yield Layout(tuple((g,) for pipe in pipes for g in pipe), removed)
         yield from self._regroupings(layout)
         for p, pipe in enumerate(pipes):  # a group in two stages, or two stages in one group
             for i, g in enumerate(pipe):
@@ -314,7 +316,13 @@ def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate 
             if other is not None and _fits(other, model) and (found is None or other.step_time_s < found.step_time_s):
                 return other
         return found
-    # A small GPU may hold its stage only in a pipeline given few micro-batches.
+    return with_few_in_flight(pipes, list(layout.removed), cluster, model)
+
+
+def with_few_in_flight(pipes: list[list[Group]], removed: list[str], cluster: Cluster, model: ModelSpec):
+    """A layout that fits only if some pipelines get few micro-batches: a small GPU may hold its
+    stage then. Blocks split for one in flight, then micro-batches under each pipeline's cap."""
+    devices = [[g.devices for g in pipe] for pipe in pipes]
     costs = partition_layers(pipes, model, cluster, in_flight=1)
     if costs is None:
         return None
@@ -323,7 +331,7 @@ def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate 
         return None
     terms = [pipeline_terms(row, model, cluster) for row in costs]
     micro = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches, caps)
-    return None if micro is None else score(devices, costs, list(layout.removed), model, cluster, micro)
+    return None if micro is None else score(devices, costs, removed, model, cluster, micro)
 
 
 def _aligned(costs: list[list[StageCost]], model: ModelSpec) -> list[list[StageCost]] | None:

@@ -20,7 +20,7 @@ from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
 from .orchestration import ARRANGEMENTS, arrange, partition_layers
 from .plan import Plan
-from .polish import polish
+from .polish import polish, with_few_in_flight
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 FINALISTS = 3
@@ -65,13 +65,21 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
         groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
     pipelines = arrange(groups, S, how, cluster, model.micro_batches)
     costs = partition_layers(pipelines, model, cluster)
-    if costs is None and len({len(p) for p in pipelines}) > 1:  # the short pipelines may be what cannot fit
-        deepest = max(len(p) for p in pipelines)
-        removed = removed + [d for p in pipelines if len(p) < deepest for g in p for d in g.devices]
-        pipelines = [p for p in pipelines if len(p) == deepest]
+    if costs is None and any(len(p) > model.layers for p in pipelines):  # a stage per block at most
+        for pipe in pipelines:  # the slowest groups past L stay idle
+            while len(pipe) > model.layers:
+                slowest = min(pipe, key=lambda g: g.speed * g.t)
+                pipe.remove(slowest)
+                removed = removed + list(slowest.devices)
         costs = partition_layers(pipelines, model, cluster)
+    if costs is None:  # a pipeline that cannot hold the model alone (too short, too small) stays idle
+        fits = [partition_layers([p], model, cluster) is not None for p in pipelines]
+        if any(fits) and not all(fits):
+            removed = removed + [d for p, ok in zip(pipelines, fits) if not ok for g in p for d in g.devices]
+            pipelines = [p for p, ok in zip(pipelines, fits) if ok]
+            costs = partition_layers(pipelines, model, cluster)
     if costs is None:
-        return None
+        return with_few_in_flight(pipelines, removed, cluster, model)
     devices = [[g.devices for g in pipe] for pipe in pipelines]
     return score(devices, costs, removed, model, cluster)
 
@@ -106,11 +114,11 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
             for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, math.inf, out)[0])):
                 for how in ARRANGEMENTS:
                     try_layout((t, S, how, SPLIT_RATIO, math.inf, out))
-        if len(found) == before:  # nothing fits as is: GPUs past a straggling rate may be what does not
+        if len(found) == before:  # nothing fits as is: stragglers' own groups, or GPUs past a rate, may not
             for t in tp_degrees(cluster, model):
-                for cut in rates:
-                    for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, cut, out)[0])):
-                        try_layout((t, S, "rows", SPLIT_RATIO, cut, out))
+                for split, cut in [(math.inf, math.inf)] + [(s, c) for c in rates for s in (SPLIT_RATIO, math.inf)]:
+                    for S in stage_counts(model.layers, len(groups(t, split, cut, out)[0])):
+                        try_layout((t, S, "rows", split, cut, out))
     # Round two: the depths between round one's, around the best layouts.
     for _, (t, S, how, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
         for depth in range(max(1, S - 3), S + 4):
@@ -122,7 +130,12 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
                 try_layout((t, S, how, split, cut, out))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         consider((name,), baseline(cluster, model))
-    ranked = [c for _, _, c in sorted(found, key=lambda f: f[0])]
+    # Local search starts from the best layout of each TP size and set of nodes, best first: hills
+    # apart, rather than the same hill's best few.
+    best_of: dict[tuple, Candidate] = {}
+    for _, key, candidate in sorted(found, key=lambda f: f[0]):
+        best_of.setdefault((key[0], key[-1]) if len(key) > 1 else key, candidate)
+    ranked = list(best_of.values()) + [c for _, _, c in sorted(found, key=lambda f: f[0])]
     budget = min(max(POLISH_WORK // len(cluster.usable), POLISH_EVALUATIONS[0]), POLISH_EVALUATIONS[1])
     polished = polish(ranked, cluster, model, budget, POLISH_STARTS) if ranked else None
     if polished is not None:
