@@ -1,20 +1,33 @@
 """Planner benchmark: plan quality against the baselines, straggler and NIC
-retention, and planning time. Prints one JSON document.
+retention, planning time, and Drover against a reference search on generated
+scenarios. Prints one JSON document.
 
-    python bench/planner.py            # 64 and 256 GPUs, timing up to 1024
-    python bench/planner.py --quick    # 64 GPUs only
+    python bench/planner.py            # 64 and 256 GPUs, timing up to 1024, 200 generated scenarios
+    python bench/planner.py --quick    # 64 GPUs only, 20 generated scenarios
+    python bench/planner.py --only-generated --scenarios 50 --evals 20000 --seed 0
+    python bench/planner.py --only-generated --evals 1000000000 --budget 4   # 4 s each instead (not replayable)
 
 Straggler retention E = (thr / ideal) on the cluster with its rates, divided
 by the same ratio for Drover's plan on the same cluster with every rate 1.0.
+
+Optimum ratio = Drover's throughput / the best throughput the reference search
+(bench/reference_search.py: local search from Drover's plan and the baselines,
+every candidate scored by the cost model) finds within the budget. E_ref is the
+reference's plan's E (same denominator as Drover's E), i.e. what is reachable.
+The worst cases go to bench/gap_cases.json (scenario, both plans, what differs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.cost import validate
@@ -23,6 +36,12 @@ from drover.planner.model import load_model
 from drover.planner.search import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from reference_search import compare, describe, reference_search, start_plans, tally  # noqa: E402
+from scenarios import generate, scenario_from_dict  # noqa: E402
+
+GAP_CASES = ROOT / "bench" / "gap_cases.json"
 
 A100 = {"name": "A100-80G", "tflops": 312, "memory_gib": 80}
 NICS = {
@@ -31,6 +50,7 @@ NICS = {
     "ethernet": [],
 }
 MODELS = {name: load_model(ROOT / "examples" / "models" / f"{name}.yaml") for name in ("gpt-3.6b", "gpt-7b", "gpt-70b")}
+DEFAULT_EVALS = 20_000  # reference search budget per scenario: about 1-8 s here (2 shared cores)
 SEQS_PER_GPU = {"gpt-3.6b": 8, "gpt-7b": 8, "gpt-70b": 16}  # weak scaling of the global batch
 
 
@@ -167,23 +187,257 @@ def timing_bench(sizes: list[int]) -> list[dict]:
     return rows
 
 
+def distribution(values: list[float]) -> dict:
+    x = np.array(values, dtype=float)
+    return {
+        "min": round(float(x.min()), 4),
+        "p5": round(float(np.percentile(x, 5)), 4),
+        "median": round(float(np.median(x)), 4),
+        "mean": round(float(x.mean()), 4),
+    }
+
+
+def reference(cluster, model, drover_plan, budget: float | None, evals: int, seed: int):
+    """The reference search's result for a cluster, starting from Drover's plan and the baselines."""
+    starts = start_plans(cluster, model, drover_plan)
+    return reference_search(cluster, model, evals=evals, seconds=budget, seed=seed, starts=starts)
+
+
+def generated_bench(count: int, seed: int, budget: float | None, evals: int, worst: int, log=None) -> dict:
+    """Drover's E and Drover / reference on `count` generated scenarios."""
+    rows, cases = [], []
+    started = time.perf_counter()
+    for s in generate(count, seed):
+        cluster, model = s.cluster(), s.model()
+        plan, seconds = timed_plan(cluster, model)
+        healthy, _ = timed_plan(s.healthy_cluster(), model)
+        ref = reference(cluster, model, plan, budget, evals, seed)
+        q_healthy = quality(healthy)
+        ratio = plan.predicted.samples_per_s / ref.plan.predicted.samples_per_s
+        row = {
+            "id": s.id,
+            "description": s.description,
+            "gpus": len(cluster.devices),
+            "network": s.network,
+            "damage": s.damage,
+            "E": round(quality(plan) / q_healthy, 4),
+            "E_ref": round(quality(ref.plan) / q_healthy, 4),
+            "ratio": round(ratio, 4),
+            "plan_seconds": round(seconds, 3),
+            "ref_evals": ref.evals,
+            "ref_seconds": round(ref.seconds, 2),
+            "ref_start": ref.start,
+        }
+        rows.append(row)
+        if ratio < 1 - 1e-9:
+            d, r = describe(plan, cluster, model), describe(ref.plan, cluster, model)
+            if ratio < 0.999:
+                row["kinds"] = tally(d, r)
+            gains = {k: round(v, 4) for k, v in sorted(ref.gains.items(), key=lambda kv: -kv[1]) if v > 1e-6}
+            cases.append(
+                {
+                    **row,
+                    "moves": gains,
+                    "kinds": tally(d, r),
+                    "changes": compare(d, r),
+                    "drover": d,
+                    "reference": r,
+                    "scenario": s.to_dict(),
+                    "reference_plan": ref.plan.to_dict(),
+                    "reproduce": {
+                        "command": f"python bench/planner.py --replay {s.id}",
+                        "seed": seed,
+                        "evals": evals,
+                        "seconds": budget,
+                    },
+                }
+            )
+        if log:
+            print(
+                f"[{s.id}] {row['gpus']} GPUs E {row['E']} E_ref {row['E_ref']} ratio {row['ratio']} "
+                f"({ref.evals} evals, {ref.seconds:.1f}s) {s.description}",
+                file=log,
+                flush=True,
+            )
+    cases.sort(key=lambda c: c["ratio"])
+    kinds: dict[str, dict[str, int]] = {}  # network -> difference -> cases below 0.99
+    for c in cases:
+        if c["ratio"] < 0.99:
+            for net in ("all", c["network"]):
+                for kind in c["kinds"]:
+                    kinds.setdefault(net, {})[kind] = kinds.setdefault(net, {}).get(kind, 0) + 1
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        for key in (f"network={r['network']}", f"damage={r['damage']}", f"gpus={r['gpus']}"):
+            groups.setdefault(key, []).append(r)
+    breakdown = {
+        key: {
+            "n": len(g),
+            "ratio": distribution([r["ratio"] for r in g]),
+            "E": distribution([r["E"] for r in g]),
+            "E_ref": distribution([r["E_ref"] for r in g]),
+        }
+        for key, g in sorted(groups.items())
+    }
+    by_gpus: dict[int, float] = {}
+    for r in rows:
+        by_gpus[r["gpus"]] = max(by_gpus.get(r["gpus"], 0.0), r["plan_seconds"])
+    moves: dict[str, int] = {}
+    for c in cases:
+        for kind in c["moves"]:
+            kind = kind.removeprefix("kick:")
+            moves[kind] = moves.get(kind, 0) + 1
+    E = [r["E"] for r in rows]
+    E_ref = [r["E_ref"] for r in rows]
+    ratios = [r["ratio"] for r in rows]
+    reachable_090 = [r["id"] for r in rows if r["E"] < 0.90 <= r["E_ref"]]
+    reachable_095 = [r["id"] for r in rows if r["E"] < 0.95 <= r["E_ref"]]
+    p5_E, p5_ref = distribution(E)["p5"], distribution(E_ref)["p5"]
+    return {
+        "scenarios": len(rows),
+        "seed": seed,
+        "budget": {"seconds": budget, "evals": evals},
+        "seconds": round(time.perf_counter() - started, 1),
+        "E": distribution(E),
+        "E_ref": distribution(E_ref),
+        "drover_over_reference": distribution(ratios),
+        "below_0.99": sum(x < 0.99 for x in ratios),
+        "below_0.999": sum(x < 0.999 for x in ratios),
+        "reachable_E_0.90_missed": reachable_090,
+        "reachable_E_0.95_missed": len(reachable_095),
+        "targets": {
+            "ratio_min_ge_0.99": min(ratios) >= 0.99,
+            "E_p5_ge_0.95_where_reachable": p5_E >= min(0.95, p5_ref),
+            "E_min_ge_0.90_where_reachable": not reachable_090,
+        },
+        "improving_moves": dict(sorted(moves.items(), key=lambda kv: -kv[1])),
+        "differences_where_below_0.99": {
+            net: dict(sorted(k.items(), key=lambda kv: -kv[1])) for net, k in sorted(kinds.items())
+        },
+        "breakdown": breakdown,
+        "plan_seconds_max_by_gpus": dict(sorted(by_gpus.items())),
+        "worst": [
+            {k: c[k] for k in ("id", "description", "E", "E_ref", "ratio", "moves", "kinds", "changes")}
+            for c in cases[:worst]
+        ],
+        "rows": rows,
+        "_cases": saved_cases(cases),
+    }
+
+
+def saved_cases(cases: list[dict]) -> list[dict]:
+    """For bench/gap_cases.json: the 20 worst, and the 8 worst on all-InfiniBand clusters."""
+    out = cases[:20]
+    ib = [c for c in cases[20:] if "all InfiniBand" in c["description"]]
+    return out + ib[:8]
+
+
+def nic_reference_bench(sizes: list[int], budget: float | None, evals: int, seed: int) -> list[dict]:
+    """IB+RoCE retention against all-IB for Drover and for the reference search, same pairs."""
+    rows = []
+    for gpus in sizes:
+        for model_name in MODELS:
+            model = model_for(model_name, gpus)
+            pair = {}
+            for label, cluster in (("ib", make_cluster(gpus)), ("mixed", make_cluster(gpus, second_nic="roce"))):
+                plan, _ = timed_plan(cluster, model)
+                ref = reference(cluster, model, plan, budget, evals, seed)
+                pair[label] = (plan.predicted.samples_per_s, ref.plan.predicted.samples_per_s)
+            (d_ib, r_ib), (d_mix, r_mix) = pair["ib"], pair["mixed"]
+            rows.append(
+                {
+                    "gpus": gpus,
+                    "model": model_name,
+                    "drover_retention": round(d_mix / d_ib, 4),
+                    "reference_retention": round(r_mix / r_ib, 4),
+                    "mixed_drover_over_reference": round(d_mix / r_mix, 4),
+                    "ib_drover_over_reference": round(d_ib / r_ib, 4),
+                }
+            )
+    return rows
+
+
+def planner_version() -> str:
+    """The commit the planner was measured at (with '+dirty' for uncommitted changes under planner/)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "planner"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
+
+
+def replay(case_id: int) -> dict:
+    """Drover and the reference search again on a case of bench/gap_cases.json."""
+    saved = json.loads(GAP_CASES.read_text())
+    case = next(c for c in saved["cases"] if c["id"] == case_id)
+    s = scenario_from_dict(case["scenario"])
+    cluster, model = s.cluster(), s.model()
+    plan, _ = timed_plan(cluster, model)
+    how = case["reproduce"]
+    ref = reference(cluster, model, plan, how["seconds"], how["evals"], how["seed"])
+    d, r = describe(plan, cluster, model), describe(ref.plan, cluster, model)
+    return {
+        "description": s.description,
+        "ratio": round(plan.predicted.samples_per_s / ref.plan.predicted.samples_per_s, 4),
+        "saved_ratio": case["ratio"],
+        "changes": compare(d, r),
+        "moves": {k: round(v, 4) for k, v in ref.gains.items()},
+        "drover": d,
+        "reference": r,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="64 GPUs only")
+    parser.add_argument("--quick", action="store_true", help="64 GPUs only, 20 generated scenarios")
+    parser.add_argument("--scenarios", type=int, default=None, help="generated scenarios (default 200, quick 20)")
+    parser.add_argument(
+        "--evals",
+        type=int,
+        default=DEFAULT_EVALS,
+        help=f"reference search budget per scenario, in evaluated plans (deterministic; default {DEFAULT_EVALS})",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=None, help="also stop each reference search after this many seconds"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="scenario stream and search seed")
+    parser.add_argument("--worst", type=int, default=8, help="worst scenarios listed in the report")
+    parser.add_argument("--only-generated", action="store_true", help="skip the hand-picked sections")
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/gap_cases.json")
+    parser.add_argument("--progress", action="store_true", help="one line per generated scenario on stderr")
+    parser.add_argument("--replay", type=int, metavar="ID", help="rerun one case of bench/gap_cases.json")
     args = parser.parse_args()
+    if args.replay is not None:
+        print(json.dumps(replay(args.replay), indent=1))
+        return
+    count = args.scenarios if args.scenarios is not None else (20 if args.quick else 200)
+    budget, evals = args.budget, args.evals
     sizes = [64] if args.quick else [64, 256]
     timing_sizes = [64] if args.quick else [64, 1024]
-    stragglers = straggler_bench(sizes)
-    nic = nic_bench(sizes)
-    timing = timing_bench(timing_sizes)
-    limits = {64: 1.0, 1024: 10.0}
-    report = {
-        "straggler_retention": stragglers,
-        "nic_retention": nic,
-        "min_ib_roce_retention": min(r["retention_vs_all_ib"] for r in nic if r["mix"] == "infiniband+roce"),
-        "planning_time": timing,
-        "planning_time_within_limits": all(r["worst_seconds"] <= limits[r["gpus"]] for r in timing),
-    }
+    report = {"planner_version": planner_version()}
+    if not args.only_generated:
+        stragglers = straggler_bench(sizes)
+        nic = nic_bench(sizes)
+        timing = timing_bench(timing_sizes)
+        limits = {64: 1.0, 1024: 10.0}
+        nic_ref = nic_reference_bench(sizes, budget, evals, args.seed)
+        report |= {
+            "straggler_retention": stragglers,
+            "nic_retention": nic,
+            "min_ib_roce_retention": min(r["retention_vs_all_ib"] for r in nic if r["mix"] == "infiniband+roce"),
+            "ib_roce_retention_vs_reference": nic_ref,
+            "planning_time": timing,
+            "planning_time_within_limits": all(r["worst_seconds"] <= limits[r["gpus"]] for r in timing),
+        }
+    if count:
+        progress = sys.stderr if args.progress else None
+        generated = generated_bench(count, args.seed, budget, evals, args.worst, progress)
+        cases = generated.pop("_cases")
+        if not args.no_save:
+            saved = {"planner_version": report["planner_version"], "budget": generated["budget"], "cases": cases}
+            GAP_CASES.write_text(json.dumps(saved, indent=1) + "\n")
+        report["generated"] = generated
     print(json.dumps(report, indent=1))
 
 

@@ -115,9 +115,11 @@ class SimulatedAgent:
         hello = agent_pb2.Hello(
             node=self.node,
             agent_version="simulated",
+            # As fast as the compute it reports (BASE_S a block) makes it for small models: the
+            # planner then finds every device worth a stage, as on a real cluster, and a
+            # straggler is planned around rather than left out from the start.
             devices=[
-                agent_pb2.Device(id=d, kind="cpu", name="simulated", memory_gib=80.0, tflops=100.0)
-                for d in self.devices
+                agent_pb2.Device(id=d, kind="cpu", name="simulated", memory_gib=80.0, tflops=0.01) for d in self.devices
             ],
             nics=self.nics,
         )

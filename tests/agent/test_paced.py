@@ -55,7 +55,9 @@ def test_drover_train_runs_the_plan_drover_plan_made_for_a_paced_cluster(tmp_pat
     assert planned.returncode == 0, planned.stderr
     (tmp_path / "plan.json").write_text(planned.stdout)
     predicted = json.loads(planned.stdout)["predicted"]["step_time_s"]
-    assert "node-1/0" in json.loads(planned.stdout)["removed"]  # the file's 3x slow device
+    stages = [s for p in json.loads(planned.stdout)["pipelines"] for s in p["stages"]]
+    slow = [s["layers"][1] - s["layers"][0] for s in stages if "node-1/0" in s["devices"]]
+    assert slow in ([], [1])  # the file's 3x slow device: removed, or given a single block
     job = ["--job", str(ROOT / "examples/jobs/tiny.yaml"), "--steps", "3", "--cluster", str(cluster)]
     run = run_cli("train", *job, "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
