@@ -254,6 +254,7 @@ def up(
 def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple]) -> None:
     """Kill or start each node once the job's step reaches its STEP (polling the control plane)."""
     pending = sorted(faults, key=lambda fault: fault[0])
+    killed: set[str] = set()
     while pending:
         try:
             job = cluster.job(job_id)
@@ -272,9 +273,24 @@ def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple]) ->
                 click.echo(f"  step {job.step:>4}  killing {name} (its agent and workers)")
                 cluster.kill_node(name)
             else:
+                if name in killed:  # back only once found lost: coming back sooner is not a loss
+                    _until_lost(cluster, job_id, name)
                 click.echo(f"  step {job.step:>4}  starting {name}")
                 cluster.start_node(name)
+            killed |= {name} if action == "kill" else set()
         time.sleep(0.05)
+
+
+def _until_lost(cluster: LocalCluster, job_id: str, node: str, timeout_s: float = 60.0) -> None:
+    """Wait for the job's node_lost event of `node` (or the job's end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = cluster.client.events(job_id)
+        if any(e.kind == "node_lost" and e.details.get("node") == node for e in events):
+            return
+        if any(e.kind in ("job_completed", "job_failed", "job_cancelled") for e in events):
+            return
+        time.sleep(0.2)
 
 
 def _follow(client, job_id: str, out: Path) -> None:
