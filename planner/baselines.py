@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from .candidate import Candidate, score
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, StageCost, stage_memory_bytes
+from .cost import StageCost, fits_memory
 from .grouping import tp_degrees
 from .model import ModelSpec
 
@@ -23,14 +23,6 @@ from .model import ModelSpec
 def even_split(total: int, parts: int) -> list[int]:
     """Split as evenly as possible; the earlier parts take the remainder."""
     return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-def _fits(costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec) -> bool:
-    for row, m in zip(costs, micro_batches):
-        for k, c in enumerate(row):
-            if stage_memory_bytes(c.n, k, len(row), m, c.t, model) > MEMORY_HEADROOM * c.memory:
-                return False
-    return True
 
 
 def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, D: int):
@@ -77,7 +69,7 @@ def uniform(cluster: Cluster, model: ModelSpec) -> Candidate | None:
                 continue
             ids, costs = _layout(healthy, model, t, S, D)
             micro = even_split(model.micro_batches, D)
-            if not _fits(costs, micro, model):
+            if not fits_memory(costs, micro, model):
                 continue
             c = score(ids, costs, [], model, healthy, micro)
             if best is None or c.step_time_s < best[0].step_time_s:
@@ -93,7 +85,7 @@ def uniform(cluster: Cluster, model: ModelSpec) -> Candidate | None:
     removed = [d for p in range(D) if p not in keep for stage in ids[p] for d in stage if d not in failed]
     micro = even_split(model.micro_batches, len(keep))
     ids, costs = [ids[p] for p in keep], [costs[p] for p in keep]
-    if not _fits(costs, micro, model):
+    if not fits_memory(costs, micro, model):
         return None
     return score(ids, costs, removed, model, cluster, micro)
 

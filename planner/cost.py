@@ -178,6 +178,15 @@ def stage_memory_bytes(n: int, k: int, S: int, m: int, t: int, model: ModelSpec)
     return (BYTES_PER_PARAM * params + in_flight * n * model.block_activation_memory) / t
 
 
+def fits_memory(costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec) -> bool:
+    """Section 5's memory on every stage, with each pipeline's own micro-batches."""
+    return all(
+        stage_memory_bytes(c.n, k, len(row), m, c.t, model) <= MEMORY_HEADROOM * c.memory
+        for row, m in zip(costs, micro_batches)
+        for k, c in enumerate(row)
+    )
+
+
 def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise PlanError naming the first rule of section 3 the plan breaks."""
     if (plan.global_batch, plan.micro_batch) != (model.global_batch, model.micro_batch):

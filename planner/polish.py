@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, score
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, StageCost, pipeline_terms, stage_memory_bytes
+from .cost import StageCost, fits_memory, pipeline_terms
 from .grouping import Group
 from .model import ModelSpec
 from .orchestration import partition_layers
@@ -277,7 +277,7 @@ class Polisher:
                         self.left -= 1
                         found = score(best.devices, costs, best.removed, self.model, self.cluster)
                         if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
-                            if _fits(found, self.model):
+                            if fits_memory(found.costs, found.micro_batches, self.model):
                                 best, improved = found, True
                                 break
                     if improved or self.left <= 0:
@@ -313,7 +313,8 @@ def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate 
         aligned = _aligned(costs, model)
         if aligned is not None:  # replicas of a block on the same stage index sync cheaper
             other = score(devices, aligned, list(layout.removed), model, cluster)
-            if other is not None and _fits(other, model) and (found is None or other.step_time_s < found.step_time_s):
+            faster = other is not None and (found is None or other.step_time_s < found.step_time_s)
+            if faster and fits_memory(other.costs, other.micro_batches, model):
                 return other
         return found
     return with_few_in_flight(pipes, list(layout.removed), cluster, model)
@@ -348,10 +349,10 @@ def _aligned(costs: list[list[StageCost]], model: ModelSpec) -> list[list[StageC
 
 def _most_micro_batches(row: list[StageCost], model: ModelSpec) -> int:
     """The most micro-batches a pipeline's memory holds (M if it holds as many as it has stages)."""
-    S = len(row)
-    for m in range(min(S, model.micro_batches), 0, -1):
-        if all(stage_memory_bytes(c.n, k, S, m, c.t, model) <= MEMORY_HEADROOM * c.memory for k, c in enumerate(row)):
-            return model.micro_batches if m == min(S, model.micro_batches) else m
+    most = min(len(row), model.micro_batches)  # past one per stage, memory stops growing
+    for m in range(most, 0, -1):
+        if fits_memory([row], [m], model):
+            return model.micro_batches if m == most else m
     return 0
 
 
@@ -365,15 +366,6 @@ def _shifted(costs: list[list[StageCost]], p: int, k: int, delta: int) -> list[l
     row[k] = StageCost(a.node, a.t, a.speed, a.memory, a.start, boundary)
     row[k + 1] = StageCost(b.node, b.t, b.speed, b.memory, boundary, b.end)
     return costs[:p] + [row] + costs[p + 1 :]
-
-
-def _fits(candidate: Candidate, model: ModelSpec) -> bool:
-    """Section 5's memory with each pipeline's own micro-batches."""
-    for row, m in zip(candidate.costs, candidate.micro_batches):
-        for k, c in enumerate(row):
-            if stage_memory_bytes(c.n, k, len(row), m, c.t, model) > MEMORY_HEADROOM * c.memory:
-                return False
-    return True
 
 
 def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:
