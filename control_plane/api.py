@@ -78,6 +78,9 @@ SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
     ("grpc.max_receive_message_length", 1 << 20),  # a 1,024-device hello is ~50 KiB; a job 64 KiB
     ("grpc.max_concurrent_streams", 64),  # per connection: one agent stream, a few watches
+    # Pings find a peer whose host went away without closing the connection: its streams end.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
 

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from drover.planner import Plan, evaluate, make_plan, plan_from_dict
+from drover.planner import Plan, make_plan, plan_from_dict
 from drover.planner.errors import SpecError
 from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, job_state_name, plan_to_proto
@@ -52,6 +52,9 @@ from .validation import (
 log = logging.getLogger("drover.control_plane")
 TERMINAL = ("completed", "failed", "cancelled")
 AGENT_GRACE_S = 15.0  # an agent gone longer than this while its job runs fails the job
+# An agent of a running job says something at least every 2 s (its heartbeat): one silent
+# this long while its peers' workers report losing a peer is lost, even with its stream open.
+PEER_SILENCE_S = 10.0
 # Telemetry reaches the database once a second, or sooner once this many samples wait: a
 # small cluster costs one commit a second, a large one stays within a fraction of a second.
 FLUSH_EVERY_S = 1.0
@@ -92,6 +95,7 @@ class RunningJob:
     out_dir: str = ""  # relative to each agent's data root
     former_nodes: set = field(default_factory=set)  # nodes recoveries left out: what they still say is ignored
     join_skipped: set = field(default_factory=set)  # nodes not worth growing onto, until they reconnect
+    joining: dict = field(default_factory=dict)  # node -> version of the grown plan it waits to start in
     committed_at: int = -1  # first step run under the newest committed plan (its switch step)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something was observed: reconcile
     forced: list = field(default_factory=list)  # (reason, future of the version) of replans asked for
@@ -149,6 +153,7 @@ class ControlPlane:
         self.hosts: dict[str, str] = {}  # node -> the address its agent connects from
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
+        self._heard_from: dict[str, float] = {}  # node -> when its stream last brought a message (monotonic)
         self.pending: list[str] = []  # jobs waiting for devices, oldest first
         self._placing = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
@@ -295,6 +300,7 @@ class ControlPlane:
             self.logs.node_gone(hello.node)  # log requests sent down the older stream end with it
         self.hosts[hello.node] = hello.advertise_address or host
         self.outboxes[hello.node] = queue
+        self._heard_from[hello.node] = time.monotonic()
         if hello.node in self._lost:
             self._lost.pop(hello.node).cancel()
         try:
@@ -429,6 +435,7 @@ class ControlPlane:
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
+        self._heard_from[node] = time.monotonic()
         self.metrics.telemetry_lag.observe(lag_of(message.time, time.time()))
         job = self._job_placed_on(node, message.job_id)
         for i, s in enumerate(message.devices):  # checked before anything is kept
@@ -456,10 +463,16 @@ class ControlPlane:
                 raise PermissionDenied(f"telemetry.stalled_devices[{i}] = {device[:80]!r}: not a device of {node} here")
         if job is not None and message.stalled_devices:
             # Its workers lost a peer: a node of the job whose stream is gone is lost now, not
-            # after the grace period (a node still connected is given the grace).
-            for gone in [n for n in job.nodes if n not in self.outboxes and n in self._lost]:
-                self._lost.pop(gone).cancel()
-                self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
+            # after the grace period (a node still connected is given the grace), and so is one
+            # whose stream is open but silent (a host gone without closing its connection).
+            now = time.monotonic()
+            for gone in job.nodes:
+                silent = gone in self.outboxes and now - self._heard_from.get(gone, now) > PEER_SILENCE_S
+                if (gone not in self.outboxes and gone in self._lost) or (silent and gone not in self._lost):
+                    if gone in self._lost:
+                        self._lost.pop(gone).cancel()
+                    self._heard_from[gone] = now  # acted on once, not again at the next report
+                    self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
         for m in message.migrations if job is not None else ():
             if m.recovered_from:  # a rollback: the steps it redoes are history again
                 job.history_step = min(job.history_step, m.step - 1)
@@ -581,6 +594,7 @@ class ControlPlane:
             job.wake.set()
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
+        self._heard_from[node] = time.monotonic()
         job = self._job_placed_on(node, status.job_id)
         if job is None:
             return
@@ -589,7 +603,11 @@ class ControlPlane:
         if state == "failed":
             await self._event(job, "workers_failed", {"node": node, "detail": status.detail})
             await self._fail(job, f"workers on {node} failed: {status.detail}")
-        elif all(job.node_states.get(n) == "completed" for n in job.nodes):
+        elif all(job.node_states.get(n) == "completed" for n in job.nodes if n not in job.joining):
+            # The others finished the last step before a grown world formed: a newcomer still
+            # waiting for them has nothing to do.
+            if job.joining:
+                self._cancel_workers(job, only=set(job.joining))
             job.step = max(job.step, job.spec.steps - 1)
             await self._end(job, "completed", "", "job_completed", {})
 
@@ -719,19 +737,24 @@ class ControlPlane:
                     if not nodes[-1][1]:
                         return  # nothing free on it
                     cluster = planning.cluster_of(nodes)
-                    now = evaluate(job.plan, cluster, job.spec.model).step_time_s
-                    plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
-                    grown = evaluate(plan, cluster, job.spec.model).step_time_s
-                    if grown > now * (1 - self.settings.min_gain):
+                    model = job.spec.model
+                    grown = await self._off_loop(planning.propose, cluster, model, job.plan, {}, self.restart_s)
+                    now, after = grown.current_step_s, grown.proposed_step_s
+                    # Growing pays only if the steps left win back the switch (none near the end:
+                    # workers that finish meanwhile never meet the newcomer).
+                    steps_left = max(0, job.spec.steps - job.step - 1)
+                    if after > now * (1 - self.settings.min_gain) or (now - after) * steps_left <= grown.migration_s:
                         job.join_skipped.add(node)
-                        await self._event(job, "join_skipped", {"node": node, "step_s_now": now, "step_s_grown": grown})
+                        skipped = {"node": node, "step_s_now": now, "step_s_grown": after}
+                        skipped |= {"steps_left": steps_left, "migration_s": grown.migration_s}
+                        await self._event(job, "join_skipped", skipped)
                         continue
                     if node not in self.outboxes:
                         return  # gone while planning
                     if job.ending or job.committed != job.version:
                         continue  # a plan was pushed while this one was made: offered again at its commit
                     job.planned_links.update(planning.nic_gbps(nodes))
-                    await self._grow(job, node, [d.id for d in nodes[-1][1]], plan)
+                    await self._grow(job, node, [d.id for d in nodes[-1][1]], grown.plan)
                     return
 
     async def _new_world(
@@ -765,6 +788,7 @@ class ControlPlane:
         ranks = old_ranks | {d: len(old_ranks) + i for i, d in enumerate(devices)}
         recover = await self._new_world(job, plan, ranks, [*job.nodes, node], f"grow: {node} joined")
         version = recover.plan_version
+        job.joining[node] = version
         await self._event(job, "node_joined", {"node": node, "devices": devices, "plan_version": version})
         for member in job.nodes[:-1]:
             if member in self.outboxes:  # one that left meanwhile is found lost in its turn
@@ -1063,6 +1087,7 @@ class ControlPlane:
         await self.store.write(lambda s: queries.commit_plan(s, job.id, version))
         # The plan has run since its switch (plan 1: since step 0); judge it on its own steps.
         job.committed = version
+        job.joining = {n: v for n, v in job.joining.items() if v > version}
         job.committed_at = job.switched_at.get(version, 0 if version == 1 else job.step)
         job.announced = {a for a in job.announced if a[1] != "link"}  # a new plan: links judged afresh
         job.detector.discard_before(job.committed_at)
@@ -1079,9 +1104,9 @@ class ControlPlane:
             plan=agent_pb2.PlanUpdate(job_id=job.id, version=job.version, plan=plan_to_proto(job.plan))
         )
 
-    def _cancel_workers(self, job: RunningJob) -> None:
+    def _cancel_workers(self, job: RunningJob, only: set[str] | None = None) -> None:
         for node in job.nodes:
-            if node in self.outboxes:
+            if node in self.outboxes and (only is None or node in only):
                 self.outboxes[node].put_nowait(
                     agent_pb2.ControlMessage(command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id)))
                 )

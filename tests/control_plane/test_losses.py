@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from drover.control_plane import controller
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import TINY_JOB, eventually
@@ -81,6 +82,24 @@ async def test_a_node_still_connected_is_given_its_grace(plane):
     stalled(survivor, job.id)  # both streams are up: nobody is lost yet
     await asyncio.sleep(0.5)
     assert "recovery_started" not in [e.kind for e in await plane.events(job.id)]
+
+
+async def test_a_node_connected_but_silent_is_lost_once_its_peers_stall(plane, monkeypatch):
+    """A host gone without closing its connection: its stream stays open, but it says nothing
+    while the others' workers have lost it. It is lost then, not when pings time out."""
+    monkeypatch.setattr(controller, "PEER_SILENCE_S", 0.3)
+    survivor, silent = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit()
+    for agent in (survivor, silent):
+        await agent.receive()
+    await asyncio.sleep(0.5)  # node-1 says nothing from here on; node-0 reports
+    stalled(survivor, job.id)
+    recover = (await survivor.receive(timeout_s=5.0)).recover
+    assert dict(recover.ranks) == {"node-0/0": 0, "node-0/1": 1}
+    (lost,) = [e for e in await plane.events(job.id) if e.kind == "node_lost"]
+    assert lost.node_lost.node == "node-1"
+    assert "node-1" in plane.cp.outboxes  # still connected: what it says now is ignored
 
 
 async def test_a_plan_made_for_the_world_before_a_recovery_is_not_pushed(plane):

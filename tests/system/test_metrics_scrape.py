@@ -54,7 +54,8 @@ def test_metrics_show_the_straggler_and_the_plan_version(tmp_path):
         now = c.job(job.id)
         assert now.state == state_pb2.JOB_STATE_RUNNING
         rates = server["drover_device_straggling_rate"]
-        assert 2.0 <= value(rates, job_id=job.id, node="node-1", device="node-1/0") <= 4.0
+        # 3x emulated; measured on a loaded machine it reads up to about 4.5x.
+        assert 2.0 <= value(rates, job_id=job.id, node="node-1", device="node-1/0") <= 6.0
         assert {s.labels["device"] for s in rates} == {"node-0/0", "node-0/1", "node-1/0", "node-1/1"}
         # Pushed and committed as GetJob says (a newer one may have been pushed since: never fewer).
         assert value(server["drover_job_plan_version"], job_id=job.id) >= now.plan_version >= 2

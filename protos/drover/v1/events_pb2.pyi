@@ -232,11 +232,15 @@ class NodeJoined(_message.Message):
     def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., plan_version: _Optional[int] = ...) -> None: ...
 
 class JoinSkipped(_message.Message):
-    __slots__ = ("node", "step_s_now", "step_s_grown")
+    __slots__ = ("node", "step_s_now", "step_s_grown", "steps_left", "migration_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STEP_S_NOW_FIELD_NUMBER: _ClassVar[int]
     STEP_S_GROWN_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_S_FIELD_NUMBER: _ClassVar[int]
     node: str
     step_s_now: float
     step_s_grown: float
-    def __init__(self, node: _Optional[str] = ..., step_s_now: _Optional[float] = ..., step_s_grown: _Optional[float] = ...) -> None: ...
+    steps_left: int
+    migration_s: float
+    def __init__(self, node: _Optional[str] = ..., step_s_now: _Optional[float] = ..., step_s_grown: _Optional[float] = ..., steps_left: _Optional[int] = ..., migration_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,61 @@
+"""A node that connects while a job runs, over real gRPC and SQLite: the job grows onto it
+only while enough steps are left to win back the switch, and it ends when the others
+finish before the newcomer's world has formed."""
+
+from __future__ import annotations
+
+from drover.v1 import agent_pb2, jobs_pb2, state_pb2
+
+from support import TINY_JOB, eventually
+
+LONG_JOB = TINY_JOB.replace("steps: 30", "steps: 1000")
+
+
+async def _started_on_node_0(plane):
+    first = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit(LONG_JOB)
+    start = (await first.receive()).start_job
+    assert start.job_id == job.id and set(start.ranks) == {"node-0/0", "node-0/1"}
+    return first, job
+
+
+async def _kinds(plane, job_id):
+    return [e.kind for e in await plane.events(job_id)]
+
+
+async def test_a_node_connecting_near_the_end_is_not_grown_onto(plane):
+    first, job = await _started_on_node_0(plane)
+    first.report(job.id, 998, {"node-0/0": 0.01, "node-0/1": 0.01})  # one step left
+    await eventually(lambda: _step(plane, job.id, 998), what="step 998 heard")
+    plane.agent("node-1")
+    await eventually(lambda: _has(plane, job.id, "join_skipped"), what="the join skipped")
+    (skipped,) = [e for e in await plane.events(job.id) if e.kind == "join_skipped"]
+    assert skipped.join_skipped.node == "node-1" and skipped.join_skipped.steps_left == 1
+    assert skipped.join_skipped.step_s_grown < skipped.join_skipped.step_s_now  # faster, but not for long enough
+    assert "node_joined" not in await _kinds(plane, job.id)
+
+
+async def test_a_job_whose_others_finish_before_the_newcomer_starts_completes(plane):
+    first, job = await _started_on_node_0(plane)
+    first.report(job.id, 10, {"node-0/0": 0.01, "node-0/1": 0.01})
+    await eventually(lambda: _step(plane, job.id, 10), what="step 10 heard")
+    newcomer = plane.agent("node-1")
+    start = (await newcomer.receive()).start_job
+    assert start.job_id == job.id and "node-1/0" in start.ranks
+    assert (await first.receive()).WhichOneof("body") == "recover"
+    # node-0's workers ran to the end without meeting node-1's: the job is done, node-1 told to stop.
+    first.send(status=agent_pb2.JobStatus(job_id=job.id, state=state_pb2.JOB_STATE_COMPLETED, active_plan_version=1))
+    cancel = (await newcomer.receive()).command.cancel
+    assert cancel.job_id == job.id
+    done = await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+    assert done.state == state_pb2.JOB_STATE_COMPLETED
+    assert (await _kinds(plane, job.id))[-1] == "job_completed"
+
+
+async def _step(plane, job_id, step):
+    return (await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))).step >= step
+
+
+async def _has(plane, job_id, kind):
+    return kind in await _kinds(plane, job_id)
