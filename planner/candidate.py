@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .cluster import Cluster
 from .cost import StageCost, dp_sync_s, pipeline_terms, with_prediction
+from .grouping import Group
 from .model import ModelSpec
+from .orchestration import network_crossings, partition_layers
 from .plan import Pipeline, Plan, Stage
 
 
@@ -40,3 +42,18 @@ def score(
     slowest = max(f + (m - 1) * e for (f, e), m in zip(terms, micro_batches))
     step = slowest + dp_sync_s(costs, model, cluster)
     return Candidate(devices, costs, micro_batches, list(removed), step)
+
+
+def best_partition(
+    pipelines: list[list[Group]], costs: list[list[StageCost]], removed, model: ModelSpec, cluster: Cluster
+) -> Candidate | None:
+    """The layout scored as partitioned, and split again at each common network crossing
+    (network_crossings): the fastest."""
+    devices = [[g.devices for g in pipe] for pipe in pipelines]
+    best = score(devices, costs, removed, model, cluster)
+    for crossing in network_crossings(costs, cluster):
+        aligned = partition_layers(pipelines, model, cluster, crossings=crossing)
+        found = score(devices, aligned, removed, model, cluster) if aligned is not None else None
+        if found is not None and (best is None or found.step_time_s < best.step_time_s):
+            best = found
+    return best

@@ -83,6 +83,11 @@ class Cluster:
     defaults: dict = field(default_factory=dict, hash=False, repr=False)  # for nodes that join later
 
     @cached_property
+    def pair_bw_memo(self) -> dict[tuple[int, ...], float]:
+        """cost.min_pair_bw's answers for this cluster (it is immutable)."""
+        return {}
+
+    @cached_property
     def node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.nodes)}
 

@@ -102,7 +102,16 @@ def min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
     """Smallest bwx between any two of a set of stages, given each stage's node.
 
     Link bandwidth depends only on the two nodes' network profiles, so the
-    minimum over all pairs is a minimum over pairs of profiles present."""
+    minimum over all pairs is a minimum over pairs of profiles present. The search asks
+    for the same sets many times: remembered per cluster."""
+    key = tuple(nodes)
+    memo = cluster.pair_bw_memo
+    if key not in memo:
+        memo[key] = _min_pair_bw(key, cluster)
+    return memo[key]
+
+
+def _min_pair_bw(nodes: tuple[int, ...], cluster: Cluster) -> float:
     counts = Counter(nodes)
     best = math.inf
     if any(c > 1 for c in counts.values()):

@@ -64,11 +64,17 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
 
 
 def partition_layers(
-    pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0
+    pipelines: list[list[Group]],
+    model: ModelSpec,
+    cluster: Cluster,
+    in_flight: int = 0,
+    crossings: tuple[int, ...] | None = None,
 ) -> list[list[StageCost]] | None:
     """Blocks per stage for every pipeline, or None if some pipeline cannot hold the model.
     Memory is counted with `in_flight` micro-batches at most (0: M, so any split of the
     micro-batches fits; fewer lets a small GPU hold a stage of a pipeline given few).
+    crossings: where every pipeline passes from one network's stages to the next's (see
+    network_crossings), the blocks of each network's run of stages fixed by them.
 
     Per pipeline, minimises max_k (n_k * w_k + e_k), where w_k is the stage's
     time per block (compute, tensor-parallel all-reduces, and its share of the
@@ -90,9 +96,11 @@ def partition_layers(
     solved: dict[tuple, list[int] | None] = {}  # most pipelines look alike: solve each kind once
     for pipe in pipelines:
         shape = tuple((g.t, g.speed, g.memory, g.intra_bw, position_bw[k]) for k, g in enumerate(pipe))
-        if shape not in solved:
-            solved[shape] = _blocks_per_stage(shape, model, mu, sync_factor, in_flight or model.micro_batches)
-        counts = solved[shape]
+        runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
+        if (shape, runs) not in solved:
+            terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
+            solved[shape, runs] = _blocks_per_stage(terms, model.layers, runs, crossings)
+        counts = solved[shape, runs]
         if counts is None:
             return None
         row, start = [], 0
@@ -103,12 +111,38 @@ def partition_layers(
     return out
 
 
-def _blocks_per_stage(
-    shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int
-) -> list[int] | None:
-    L, S = model.layers, len(shape)
-    if S > L:
-        return None
+def network_crossings(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple[int, ...]]:
+    """Common blocks at which every pipeline could pass between networks, where its pipelines
+    pass through the same networks in the same order but at different blocks. A block held on
+    InfiniBand in one pipeline and on RoCE in another syncs over TCP; at a common crossing each
+    block's replicas share one network. Tried: the earliest, median and latest crossing."""
+    runs = [_runs([cluster.nodes[c.node].nic_class for c in row]) for row in costs]
+    if len({tuple(cls for cls, _ in r) for r in runs}) != 1 or len(runs[0]) < 2:
+        return []
+    ends = []
+    for row, r in zip(costs, runs):
+        stage_ends = [sum(n for _, n in r[: i + 1]) - 1 for i in range(len(r) - 1)]
+        ends.append(tuple(row[k].end for k in stage_ends))
+    if len(set(ends)) == 1:
+        return []
+    at = sorted(ends)
+    return sorted({at[0], at[len(at) // 2], at[-1]})
+
+
+def _runs(classes: list[str]) -> tuple[tuple[str, int], ...]:
+    """Consecutive stages on one network: (class, how many), in pipeline order."""
+    out: list[list] = []
+    for cls in classes:
+        if out and out[-1][0] == cls:
+            out[-1][1] += 1
+        else:
+            out.append([cls, 1])
+    return tuple((cls, n) for cls, n in out)
+
+
+def _stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
+    """Per stage: time per block w_k, the LM head's time e_k, and the most blocks memory holds."""
+    S = len(shape)
     weights, extras, caps = [], [], []
     for k, (t, speed, memory, intra_bw, sync_bw) in enumerate(shape):
         w = 3 * model.block_flops / (t * speed)
@@ -121,12 +155,33 @@ def _blocks_per_stage(
         fixed = BYTES_PER_PARAM * (model.embedding_params * (k == 0) + model.head_params * (k == S - 1))
         per_block = BYTES_PER_PARAM * model.block_params + min(S - k, in_flight) * model.block_activation_memory
         caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
-    if min(caps) < 1 or sum(caps) < L:
+    return weights, extras, caps
+
+
+def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int] | None:
+    """The L blocks over the stages; with crossings, each run of stages gets the blocks
+    between its crossings."""
+    weights, extras, caps = terms
+    if not crossings:
+        return _split(weights, extras, caps, layers)
+    bounds, out, k = (0, *crossings, layers), [], 0
+    for (_, n), a, b in zip(runs, bounds, bounds[1:]):
+        part = _split(weights[k : k + n], extras[k : k + n], caps[k : k + n], b - a)
+        if part is None:
+            return None
+        out += part
+        k += n
+    return out
+
+
+def _split(weights: list[float], extras: list[float], caps: list[int], blocks: int) -> list[int] | None:
+    S = len(weights)
+    if S > blocks or min(caps) < 1 or sum(caps) < blocks:
         return None
     counts = [1] * S
     heap = [(2 * weights[k] + extras[k], k) for k in range(S) if caps[k] > 1]
     heapq.heapify(heap)
-    for _ in range(L - S):
+    for _ in range(blocks - S):
         _, k = heapq.heappop(heap)
         counts[k] += 1
         if counts[k] < caps[k]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .assignment import assign_micro_batches
-from .candidate import Candidate, score
+from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
 from .cost import StageCost, fits_memory, pipeline_terms
 from .grouping import Group
@@ -309,7 +309,7 @@ def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec) -> Candidate 
     devices = [[g.devices for g in pipe] for pipe in layout.pipelines]
     costs = partition_layers(pipes, model, cluster)
     if costs is not None:  # fits whatever each pipeline's share of the micro-batches
-        found = score(devices, costs, list(layout.removed), model, cluster)
+        found = best_partition(pipes, costs, list(layout.removed), model, cluster)
         aligned = _aligned(costs, model)
         if aligned is not None:  # replicas of a block on the same stage index sync cheaper
             other = score(devices, aligned, list(layout.removed), model, cluster)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from . import baselines
-from .candidate import Candidate, score
+from .candidate import Candidate, best_partition
 from .cluster import Cluster
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
@@ -80,8 +80,7 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
             costs = partition_layers(pipelines, model, cluster)
     if costs is None:
         return with_few_in_flight(pipelines, removed, cluster, model)
-    devices = [[g.devices for g in pipe] for pipe in pipelines]
-    return score(devices, costs, removed, model, cluster)
+    return best_partition(pipelines, costs, removed, model, cluster)
 
 
 def search(cluster: Cluster, model: ModelSpec) -> Candidate:
