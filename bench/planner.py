@@ -434,7 +434,7 @@ def main() -> None:
         progress = sys.stderr if args.progress else None
         generated = generated_bench(count, args.seed, budget, evals, args.worst, progress)
         cases = generated.pop("_cases")
-        if not args.no_save:
+        if not (args.no_save or args.quick):  # a quick run must not replace the full run's cases
             saved = {"planner_version": report["planner_version"], "budget": generated["budget"], "cases": cases}
             GAP_CASES.write_text(json.dumps(saved, indent=1) + "\n")
         report["generated"] = generated
