@@ -225,14 +225,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def _read(self, node: str, requests) -> None:
         async for message in requests:
-            _check(message)
-            kind = message.WhichOneof("body")
-            if kind == "telemetry":
-                await self.cp.telemetry(node, message.telemetry)
-            elif kind == "status":
-                await self.cp.status(node, message.status)
-            elif kind == "log_chunk":
-                self.cp.logs.deliver(node, message.log_chunk)
+            self.cp.handling(node, started=True)
+            try:
+                _check(message)
+                kind = message.WhichOneof("body")
+                if kind == "telemetry":
+                    await self.cp.telemetry(node, message.telemetry)
+                elif kind == "status":
+                    await self.cp.status(node, message.status)
+                elif kind == "log_chunk":
+                    self.cp.logs.deliver(node, message.log_chunk)
+            finally:
+                self.cp.handling(node, started=False)
 
 
 def _peer_host(peer: str) -> str:

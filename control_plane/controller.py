@@ -154,6 +154,7 @@ class ControlPlane:
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
         self._heard_from: dict[str, float] = {}  # node -> when its stream last brought a message (monotonic)
+        self._handling: dict[str, int] = {}  # node -> its messages being handled now (its later ones wait)
         self.pending: list[str] = []  # jobs waiting for devices, oldest first
         self._placing = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
@@ -336,6 +337,20 @@ class ControlPlane:
         )
         return queue
 
+    def handling(self, node: str, started: bool) -> None:
+        """A message of the node's stream is being handled (started) or was (not): the node
+        is heard, and not silent while its next messages wait for this one."""
+        self._heard_from[node] = time.monotonic()
+        self._handling[node] = self._handling.get(node, 0) + (1 if started else -1)
+
+    def _silent(self, node: str, now: float) -> bool:
+        """Connected, yet nothing from it for PEER_SILENCE_S and nothing of it being handled."""
+        return (
+            node in self.outboxes
+            and not self._handling.get(node)
+            and now - self._heard_from.get(node, now) > PEER_SILENCE_S
+        )
+
     async def disconnected(self, node: str, queue: asyncio.Queue) -> None:
         """The end of a stream; only the node's current one counts (a reconnect replaced it)."""
         if self.outboxes.get(node) is not queue:
@@ -380,8 +395,10 @@ class ControlPlane:
         if len(keep) == len(job.ranks):
             return  # lost before, by an earlier recovery
         survivors = [n for n in job.nodes if n not in lost_nodes and n in self.outboxes]
-        if survivors and all(job.node_states.get(n) == "completed" for n in survivors):
+        started = [n for n in survivors if n not in job.joining]
+        if started and all(job.node_states.get(n) == "completed" for n in started):
             # Lost after the last step, once the others had finished: nothing is left to recover.
+            self._cancel_workers(job, only=set(job.joining))
             job.step = max(job.step, job.spec.steps - 1)
             await self._end(job, "completed", "", "job_completed", {})
             return
@@ -435,7 +452,6 @@ class ControlPlane:
     async def telemetry(self, node: str, message: agent_pb2.Telemetry) -> None:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
-        self._heard_from[node] = time.monotonic()
         self.metrics.telemetry_lag.observe(lag_of(message.time, time.time()))
         job = self._job_placed_on(node, message.job_id)
         for i, s in enumerate(message.devices):  # checked before anything is kept
@@ -467,11 +483,18 @@ class ControlPlane:
             # whose stream is open but silent (a host gone without closing its connection).
             now = time.monotonic()
             for gone in job.nodes:
-                silent = gone in self.outboxes and now - self._heard_from.get(gone, now) > PEER_SILENCE_S
-                if (gone not in self.outboxes and gone in self._lost) or (silent and gone not in self._lost):
+                silent = gone not in self._lost and self._silent(gone, now)
+                if (gone not in self.outboxes and gone in self._lost) or silent:
                     if gone in self._lost:
                         self._lost.pop(gone).cancel()
-                    self._heard_from[gone] = now  # acted on once, not again at the next report
+                    if silent:  # its agent drops the job, and the job is not grown onto it again
+                        self._heard_from[gone] = now  # acted on once, not again at the next report
+                        job.join_skipped.add(gone)  # until it says hello again
+                        self.outboxes[gone].put_nowait(
+                            agent_pb2.ControlMessage(
+                                command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id))
+                            )
+                        )
                     self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
         for m in message.migrations if job is not None else ():
             if m.recovered_from:  # a rollback: the steps it redoes are history again
@@ -594,7 +617,6 @@ class ControlPlane:
             job.wake.set()
 
     async def status(self, node: str, status: agent_pb2.JobStatus) -> None:
-        self._heard_from[node] = time.monotonic()
         job = self._job_placed_on(node, status.job_id)
         if job is None:
             return
@@ -787,6 +809,8 @@ class ControlPlane:
         old_plan, old_ranks = job.plan, dict(job.ranks)
         ranks = old_ranks | {d: len(old_ranks) + i for i, d in enumerate(devices)}
         recover = await self._new_world(job, plan, ranks, [*job.nodes, node], f"grow: {node} joined")
+        if job.ending or self.jobs.get(job.id) is not job:
+            return  # it ended while the world was stored: nobody is to start
         version = recover.plan_version
         job.joining[node] = version
         await self._event(job, "node_joined", {"node": node, "devices": devices, "plan_version": version})

@@ -164,6 +164,8 @@ def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int
     weights, extras, caps = terms
     if not crossings:
         return _split(weights, extras, caps, layers)
+    if len(crossings) != len(runs) - 1:
+        return None  # not this pipeline's networks
     bounds, out, k = (0, *crossings, layers), [], 0
     for (_, n), a, b in zip(runs, bounds, bounds[1:]):
         part = _split(weights[k : k + n], extras[k : k + n], caps[k : k + n], b - a)

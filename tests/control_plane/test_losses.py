@@ -100,6 +100,11 @@ async def test_a_node_connected_but_silent_is_lost_once_its_peers_stall(plane, m
     (lost,) = [e for e in await plane.events(job.id) if e.kind == "node_lost"]
     assert lost.node_lost.node == "node-1"
     assert "node-1" in plane.cp.outboxes  # still connected: what it says now is ignored
+    message = await silent.receive()
+    while message.WhichOneof("body") != "command":  # the plan it was pushed before it fell silent
+        message = await silent.receive()
+    assert message.command.cancel.job_id == job.id  # its agent drops the job
+    assert "node-1" in plane.cp.jobs[job.id].join_skipped  # not grown back onto until it says hello
 
 
 async def test_a_plan_made_for_the_world_before_a_recovery_is_not_pushed(plane):

@@ -50,9 +50,13 @@ def test_crossings_only_where_pipelines_pass_the_same_networks_at_different_bloc
 def test_each_network_run_gets_the_blocks_between_its_crossings():
     cluster, model = make_cluster("ib-roce", n0_3=2.0), make_model()
     pipes = _pipelines(cluster, model, [["n0", "n2", "n1"], ["n2", "n0", "n3"]])
+    split = 0
     for crossing in range(2, model.layers - 1):
         costs = partition_layers(pipes, model, cluster, crossings=(crossing,))
         if costs is None:
             continue  # memory: a run cannot hold that many blocks
+        split += 1
         for row in costs:
             assert _crossing(row, cluster) == crossing and row[-1].end == model.layers
+    assert split > 20
+    assert partition_layers(pipes, model, cluster, crossings=(10, 20)) is None  # two crossings: not these networks
