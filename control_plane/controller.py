@@ -490,11 +490,7 @@ class ControlPlane:
                     if silent:  # its agent drops the job, and the job is not grown onto it again
                         self._heard_from[gone] = now  # acted on once, not again at the next report
                         job.join_skipped.add(gone)  # until it says hello again
-                        self.outboxes[gone].put_nowait(
-                            agent_pb2.ControlMessage(
-                                command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=job.id))
-                            )
-                        )
+                        self._cancel_workers(job, only={gone})
                     self._lost[gone] = asyncio.create_task(self._give_up_on(gone, after_s=0.0))
         for m in message.migrations if job is not None else ():
             if m.recovered_from:  # a rollback: the steps it redoes are history again
@@ -628,8 +624,7 @@ class ControlPlane:
         elif all(job.node_states.get(n) == "completed" for n in job.nodes if n not in job.joining):
             # The others finished the last step before a grown world formed: a newcomer still
             # waiting for them has nothing to do.
-            if job.joining:
-                self._cancel_workers(job, only=set(job.joining))
+            self._cancel_workers(job, only=set(job.joining))
             job.step = max(job.step, job.spec.steps - 1)
             await self._end(job, "completed", "", "job_completed", {})
 
