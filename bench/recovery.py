@@ -145,13 +145,14 @@ def restart(tmp: Path) -> dict:
     # torch and starts its workers), resuming from the newest checkpoint.
     resumed = tmp / "restart-2"
     job = tmp / "job.json"
-    job.write_text(
-        json.dumps({"model": dataclasses.asdict(SPEC), **replace(TRAINING, resume="restart/ckpt").to_dict()})
-    )
+    model_fields = {k: v for k, v in dataclasses.asdict(SPEC).items() if v not in ("", None)}
+    job.write_text(json.dumps({"model": model_fields, **replace(TRAINING, resume="restart/ckpt").to_dict()}))
     plan_file = tmp / "after.json"
     plan_file.write_text(json.dumps(AFTER.to_dict()))
     cli = [sys.executable, "-m", "drover.cli", "train", "--job", str(job), "--workers", "3", "--plan", str(plan_file)]
-    subprocess.run(cli + ["--data-root", str(tmp), "--out", str(resumed)], check=True, capture_output=True)
+    done_run = subprocess.run(cli + ["--data-root", str(tmp), "--out", str(resumed)], capture_output=True, text=True)
+    if done_run.returncode:
+        raise SystemExit(f"the restarted launcher failed ({done_run.returncode}):\n{done_run.stderr[-2000:]}")
     trace = rows(resumed / "trace.jsonl")
     caught_up = next(r for r in trace if r["step"] == done)  # the first step not done before the kill
     return {

@@ -41,6 +41,7 @@ EXAMPLE_OF = {
         f'{{"spec": {{"model": {{{TINY_MODEL}}}, "steps": 30}}, "out_dir": "runs/one"}}',
         f'spec=job_spec({{"model": {{{TINY_MODEL}}}, "steps": 30}}), out_dir="runs/one"',
     ),
+    "Straggle": ('{"device": "node-1/0", "rate": 3.0}', 'device="node-1/0", rate=3.0'),
 }
 
 
