@@ -11,7 +11,8 @@ that has Drover installed gets two fixtures, with nothing to import:
   it without torch: each step reports its compute (a fixed base, times the device's rate, for
   devices the newest plan gives work), follows every plan it is sent, reports progress where
   rank 0 is, and reports the job completed after its last step. `set_rate` changes a device's
-  rate mid-job, as a straggler would.
+  rate mid-job, as a straggler would, and so does the Straggle RPC; StreamLogs gets a line per
+  step each device ran.
 
 Everything in between is the real thing: gRPC, the SQLite store, detection, the planner,
 rollouts. A scheduler's test against it runs in a second or two:
@@ -99,6 +100,7 @@ class SimulatedAgent:
         self.nics = list(nics)
         self.rates = dict(rates or {})
         self.jobs: dict[str, dict] = {}  # job id -> what this node knows of it
+        self._straggles: list[agent_pb2.Straggle] = []  # asked for through Straggle, from their step
         self._thread = _LoopThread(f"drover-agent-{node}")
         self._task = self._thread.run(self._start())
         with grpc.insecure_channel(address) as channel:  # returns once the control plane has it
@@ -151,10 +153,34 @@ class SimulatedAgent:
                 asyncio.get_running_loop().create_task(self._run(start.job_id))
             elif kind == "plan" and message.plan.job_id in self.jobs:
                 self.jobs[message.plan.job_id]["plans"][message.plan.version] = plan_from_proto(message.plan.plan)
-            elif kind == "command" and message.command.WhichOneof("body") == "cancel":
-                job = self.jobs.get(message.command.cancel.job_id)
-                if job is not None:
-                    job["state"] = "cancelled"
+            elif kind == "command":
+                self._obey(message.command)
+
+    def _obey(self, command: agent_pb2.Command) -> None:
+        order = command.WhichOneof("body")
+        if order == "cancel" and command.cancel.job_id in self.jobs:
+            self.jobs[command.cancel.job_id]["state"] = "cancelled"
+        elif order == "straggle":
+            self._straggles.append(command.straggle)
+        elif order == "read_logs":
+            self._send_logs(command.read_logs)
+
+    def _send_logs(self, ask: agent_pb2.ReadLogs) -> None:
+        """Each asked device's log: a line per step it ran (the tail of it), then the end;
+        `follow` ends there too."""
+        job = self.jobs.get(ask.job_id)
+        devices = [d for d in (ask.devices or self.devices) if job is not None and d in job["ranks"]]
+        for device in devices:
+            log = "".join(f"{device}: step {step}\n" for step in range(job["step"] + 1)).encode()
+            data = log[-ask.tail_bytes :] if ask.tail_bytes else log
+            self._outbox.put_nowait(
+                agent_pb2.AgentMessage(
+                    log_chunk=agent_pb2.LogChunk(request_id=ask.request_id, device=device, data=data)
+                )
+            )
+        note = "" if devices else f"no logs of {ask.job_id} on {self.node}"
+        end = agent_pb2.LogChunk(request_id=ask.request_id, end=True, note=note)
+        self._outbox.put_nowait(agent_pb2.AgentMessage(log_chunk=end))
 
     async def _run(self, job_id: str) -> None:
         job = self.jobs[job_id]
@@ -163,6 +189,9 @@ class SimulatedAgent:
             if job["state"] != "running":
                 return
             await asyncio.sleep(STEP_S)
+            for straggle in [s for s in self._straggles if s.from_step <= step]:
+                self.rates[straggle.device] = straggle.rate
+                self._straggles.remove(straggle)
             version = max(job["plans"])
             working = {d for p in job["plans"][version].pipelines for s in p.stages for d in s.devices}
             samples = [
