@@ -130,9 +130,12 @@ class Agent:
                     backoff = 0.2
                 except (grpc.aio.AioRpcError, ConnectionError) as exc:
                     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                    # The details say why: a TLS handshake refused (a certificate our CA did
+                    # not sign, or ours refused) reads UNAVAILABLE like a server that is down.
+                    why = f"{code.name}: {(exc.details() or '')[:300]}" if code else str(exc)
                     log.warning(
                         "control plane %s: %s; retrying in %.1fs",
-                        *(self.address, code or exc, backoff),
+                        *(self.address, why, backoff),
                         extra={"event": "disconnected", "code": str(code or exc)},
                     )
                 await asyncio.sleep(backoff)

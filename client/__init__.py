@@ -151,8 +151,17 @@ ERRORS = {
 
 
 def error_of(exc: grpc.RpcError) -> DroverError:
-    """The status code's DroverError, once, for every call of both clients."""
-    return ERRORS.get(exc.code(), DroverError)(exc.code(), exc.details() or "")
+    """The status code's DroverError, once, for every call of both clients. A TLS handshake
+    that failed is Unauthenticated: gRPC reports it as UNAVAILABLE, like a server that is down,
+    but no retry will help until the certificates are right."""
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
+        return Unauthenticated(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "the TLS handshake failed: the server's certificate is not signed by the CA given (--ca), "
+            f"or does not name the address dialled ({details[:300]})",
+        )
+    return ERRORS.get(code, DroverError)(code, details)
 
 
 def _target(target: Target | str) -> Target:

@@ -63,6 +63,9 @@ DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while othe
 # A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
 # with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
 MAX_JOB_DEVICES = 16_384
+# Planning stops trying layouts after this long and takes the best found (1,024 GPUs plan in
+# about 2 s; the largest job allowed, 16,384 devices and 1,024 layers, takes 20 s unbudgeted).
+PLANNING_BUDGET_S = 10.0
 PROBE_EVERY_S = 3.0  # a node's links are probed at most this often for a job
 PROBE_S = 0.2  # a probe sends about this long's worth of bytes at the NIC's nominal speed
 MAX_LINKS = 256  # link samples kept from one telemetry message
@@ -423,7 +426,7 @@ class ControlPlane:
         )
         cluster = planning.cluster_of([n for n in nodes if n[1]])
         try:
-            plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover")
+            plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover", PLANNING_BUDGET_S)
         except ValueError as exc:  # the survivors cannot hold the model
             await self._fail(job, f"{what} lost; the rest cannot run the job: {exc}")
             return
@@ -755,7 +758,9 @@ class ControlPlane:
                         return  # nothing free on it
                     cluster = planning.cluster_of(nodes)
                     model = job.spec.model
-                    grown = await self._off_loop(planning.propose, cluster, model, job.plan, {}, self.restart_s)
+                    grown = await self._off_loop(
+                        planning.propose, cluster, model, job.plan, {}, self.restart_s, PLANNING_BUDGET_S
+                    )
                     now, after = grown.current_step_s, grown.proposed_step_s
                     # Growing pays only if the steps left win back the switch (none near the end:
                     # workers that finish meanwhile never meet the newcomer).
@@ -853,7 +858,7 @@ class ControlPlane:
 
     async def _start(self, job_id: str, spec: JobSpec, out: str, nodes: list) -> Job:
         cluster = planning.cluster_of(nodes)
-        plan = await self._off_loop(make_plan, cluster, spec.model, "drover")
+        plan = await self._off_loop(make_plan, cluster, spec.model, "drover", PLANNING_BUDGET_S)
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
@@ -1077,12 +1082,29 @@ class ControlPlane:
             lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
         )
         proposal = await self._off_loop(
-            planning.propose, planning.cluster_of(nodes), job.spec.model, job.plan, rates, self.restart_s
+            planning.propose,
+            planning.cluster_of(nodes),
+            job.spec.model,
+            job.plan,
+            rates,
+            self.restart_s,
+            PLANNING_BUDGET_S,
         )
         return replace(proposal, links=planning.nic_gbps(nodes))  # what that cluster was made with
 
     async def _off_loop(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.planning, fn, *args)
+        """Plan in the planning thread, which the event loop never waits on."""
+
+        def timed():
+            started = time.monotonic()
+            result = fn(*args)
+            if (took := time.monotonic() - started) > PLANNING_BUDGET_S:
+                log.warning(
+                    "planning took %.1f s, past its %.0f s budget: the best plan found by then", took, PLANNING_BUDGET_S
+                )
+            return result
+
+        return await asyncio.get_running_loop().run_in_executor(self.planning, timed)
 
     async def _push(
         self, job: RunningJob, plan: Plan, rates: dict[str, float], reason: str, generation: int

@@ -10,11 +10,13 @@ from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, m
 from .coordinator import Proposal
 
 
-def propose(cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float], restart_s: float) -> Proposal:
+def propose(
+    cluster: Cluster, model: ModelSpec, current: Plan, rates: dict[str, float], restart_s: float, budget_s: float
+) -> Proposal:
     """Drover's plan for the job's cluster at these straggling rates, weighed against the
     running plan by the reference cost model (pure; runs in the planning thread)."""
     cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
-    plan = make_plan(cluster, model, "drover")
+    plan = make_plan(cluster, model, "drover", budget_s)
     return Proposal(
         rates,
         plan,

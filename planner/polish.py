@@ -36,9 +36,10 @@ class Layout:
 
 
 class Polisher:
-    def __init__(self, cluster: Cluster, model: ModelSpec, max_evaluations: int):
+    def __init__(self, cluster: Cluster, model: ModelSpec, max_evaluations: int, deadline=None):
         self.cluster, self.model = cluster, model
         self.left = max_evaluations
+        self.deadline = deadline  # search.Deadline: past it, no evaluations are left
         self.devices = cluster.device_by_id
         self._groups: dict[tuple, Group] = {}
         self.seen: dict[Layout, Candidate | None] = {}
@@ -63,6 +64,8 @@ class Polisher:
         if layout not in self.seen:
             self.left -= 1
             self.seen[layout] = _candidate(layout, self.cluster, self.model)
+            if self.deadline is not None and self.deadline.passed():
+                self.left = 0
         return self.seen[layout]
 
     # -- edits of the groups --------------------------------------------------------
@@ -374,12 +377,12 @@ def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:
 
 
 def polish(
-    ranked: list[Candidate], cluster: Cluster, model: ModelSpec, max_evaluations: int, starts: int
+    ranked: list[Candidate], cluster: Cluster, model: ModelSpec, max_evaluations: int, starts: int, deadline=None
 ) -> Candidate | None:
     """The best plan local search reaches from the first `starts` distinct layouts of `ranked`
     (best first) within the budget; then, while budget is left, from the best few layouts one
     edit away from the best hill top (a hill next to it may be higher)."""
-    polisher = Polisher(cluster, model, max_evaluations)
+    polisher = Polisher(cluster, model, max_evaluations, deadline)
     best, top = None, None
     layouts: dict[Layout, Candidate] = {}
     for candidate in ranked:  # the same layout twice climbs the same hill

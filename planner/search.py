@@ -11,6 +11,8 @@ Drover's plan is never worse than what a Megatron-style job would run.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
 from . import baselines
 from .candidate import Candidate, best_partition
@@ -29,6 +31,23 @@ POLISH_STARTS = 8  # the best layouts local search starts from
 # hundred on a large one, where each costs milliseconds (64 GPUs plan in 0.2 s, 1,024 in 3 s).
 POLISH_WORK = 10_000  # divided by the usable GPUs
 POLISH_EVALUATIONS = (150, 4000)
+
+
+@dataclass
+class Deadline:
+    """A wall-clock budget for one search (time.monotonic() seconds). Once past it the search
+    tries no more layouts and returns the best found so far; `hit` says it was cut short."""
+
+    at: float
+    hit: bool = False
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def passed(self) -> bool:
+        self.hit = self.hit or time.monotonic() > self.at
+        return self.hit
 
 
 def stage_counts(layers: int, groups: int) -> list[int]:
@@ -83,7 +102,7 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
     return best_partition(pipelines, costs, removed, model, cluster)
 
 
-def search(cluster: Cluster, model: ModelSpec) -> Candidate:
+def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None) -> Candidate:
     if not cluster.usable:
         raise PlanError("no-usable-device", f"every device of cluster {cluster.name!r} has failed")
     found: list[tuple[float, tuple, Candidate]] = []
@@ -96,7 +115,7 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
         return grouped[t, split, cut, out]
 
     def try_layout(key: tuple) -> None:
-        if key in tried:
+        if key in tried or (found and deadline is not None and deadline.passed()):
             return
         tried.add(key)
         t, S, how, split, cut, out = key
@@ -128,7 +147,8 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
             for cut in rates + [math.inf]:
                 try_layout((t, S, how, split, cut, out))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
-        consider((name,), baseline(cluster, model))
+        if not found or deadline is None or not deadline.passed():
+            consider((name,), baseline(cluster, model))
     # Local search starts from the best layout of each TP size and set of nodes, best first: hills
     # apart, rather than the same hill's best few.
     best_of: dict[tuple, Candidate] = {}
@@ -136,7 +156,7 @@ def search(cluster: Cluster, model: ModelSpec) -> Candidate:
         best_of.setdefault((key[0], key[-1]) if len(key) > 1 else key, candidate)
     ranked = list(best_of.values()) + [c for _, _, c in sorted(found, key=lambda f: f[0])]
     budget = min(max(POLISH_WORK // len(cluster.usable), POLISH_EVALUATIONS[0]), POLISH_EVALUATIONS[1])
-    polished = polish(ranked, cluster, model, budget, POLISH_STARTS) if ranked else None
+    polished = polish(ranked, cluster, model, budget, POLISH_STARTS, deadline) if ranked else None
     if polished is not None:
         found.append((polished.step_time_s, ("polished",), polished))
     if not found:
@@ -156,11 +176,16 @@ STRATEGIES = {
 }
 
 
-def make_plan(cluster: Cluster, model: ModelSpec, strategy: str = "drover") -> Plan:
-    """The plan of a strategy, with the cost model's predicted figures."""
+def make_plan(cluster: Cluster, model: ModelSpec, strategy: str = "drover", budget_s: float | None = None) -> Plan:
+    """The plan of a strategy, with the cost model's predicted figures. `budget_s` cuts
+    Drover's search short after that many seconds, with the best plan found by then (the
+    baselines take none)."""
     if strategy not in STRATEGIES:
         raise PlanError("unknown-strategy", f"strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
-    candidate = STRATEGIES[strategy](cluster, model)
+    if strategy == "drover":
+        candidate = search(cluster, model, None if budget_s is None else Deadline.after(budget_s))
+    else:
+        candidate = STRATEGIES[strategy](cluster, model)
     if candidate is None:
         raise PlanError(
             "no-feasible-plan",

@@ -3,6 +3,7 @@ clients by bearer token and role, agents by node certificate."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -10,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from drover.agent.daemon import _credentials as agent_credentials
-from drover.client import job_spec
+from drover.client import Client, Target, Unauthenticated, job_spec
 from drover.control_plane.api import ROLE_OF, start_server, stop_server
 from drover.control_plane.identity import make_credentials
 from drover.v1 import agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
@@ -155,6 +156,15 @@ async def test_certificates_of_another_ca_are_refused_both_ways(served, certs, o
         assert fake.cp.outboxes == {}  # the fake heard no hello
     finally:
         await stop_server(fake)
+
+
+async def test_a_client_that_does_not_trust_the_servers_certificate_is_unauthenticated(served, certs, other_ca):
+    """No call is made: the TLS handshake fails, which gRPC reports as UNAVAILABLE like a server
+    that is down; drover.client names it what it is, so a retry loop does not spin on it."""
+    target = Target(f"127.0.0.1:{served.port}", (other_ca / "ca.pem").read_bytes(), token_of(certs, "admin"))
+    with Client(target) as drover, pytest.raises(Unauthenticated) as info:
+        await asyncio.to_thread(drover.list)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "TLS handshake failed" in info.value.details()
 
 
 async def test_an_agent_certificate_is_no_client_credential(served, certs):
