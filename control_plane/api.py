@@ -34,12 +34,13 @@ from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
 from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc, jobspec_pb2
 
-from .controller import REPLACED, TERMINAL, ControlPlane
+from .controller import ControlPlane
 from .identity import Authenticator, load_tokens
 from .jobfile import JobSpec, job_from_spec, job_from_stored, job_from_wire
 from .limits import RateLimiter, ResourceExhausted
 from .logs import MAX_OPEN, MAX_TAIL_BYTES
 from .logs import stream as stream_logs
+from .running import REPLACED, TERMINAL
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
 
 log = logging.getLogger("drover.server")

@@ -147,11 +147,11 @@ def test_skip_reports_its_figures():
 
 
 def test_a_job_takes_whole_nodes_within_its_device_budget():
-    from drover.control_plane.controller import _within
+    from drover.control_plane.running import whole_nodes_within
 
     nodes = [("a", [1] * 8, []), ("b", [1] * 8, []), ("c", [1] * 8, [])]
-    assert [n for n, _, _ in _within(16, nodes)] == ["a", "b"]
-    assert [n for n, _, _ in _within(15, nodes)] == ["a"]
+    assert [n for n, _, _ in whole_nodes_within(16, nodes)] == ["a", "b"]
+    assert [n for n, _, _ in whole_nodes_within(15, nodes)] == ["a"]
 
 
 def test_a_slow_link_is_judged_by_the_same_gain_rule():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from drover.control_plane import controller
+from drover.control_plane import membership
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import TINY_JOB, eventually
@@ -87,7 +87,7 @@ async def test_a_node_still_connected_is_given_its_grace(plane):
 async def test_a_node_connected_but_silent_is_lost_once_its_peers_stall(plane, monkeypatch):
     """A host gone without closing its connection: its stream stays open, but it says nothing
     while the others' workers have lost it. It is lost then, not when pings time out."""
-    monkeypatch.setattr(controller, "PEER_SILENCE_S", 0.3)
+    monkeypatch.setattr(membership, "PEER_SILENCE_S", 0.3)
     survivor, silent = plane.agent("node-0"), plane.agent("node-1")
     await plane.connected(2)
     job = await plane.submit()
