@@ -88,6 +88,11 @@ class Cluster:
         return {}
 
     @cached_property
+    def partition_memo(self) -> dict[int, tuple]:
+        """orchestration.partition_layers's answers for this cluster: id(model) -> (model, answers)."""
+        return {}
+
+    @cached_property
     def node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.nodes)}
 

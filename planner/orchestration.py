@@ -93,14 +93,18 @@ def partition_layers(
         for k in range(depth)
     ]
     out = []
-    solved: dict[tuple, list[int] | None] = {}  # most pipelines look alike: solve each kind once
+    # Most pipelines look alike, within a layout and across the layouts a search scores: each
+    # kind is solved once per cluster and model (the model is kept with its answers, so its id
+    # cannot be reused while they are).
+    solved = cluster.partition_memo.setdefault(id(model), (model, {}))[1]
     for pipe in pipelines:
         shape = tuple((g.t, g.speed, g.memory, g.intra_bw, position_bw[k]) for k, g in enumerate(pipe))
         runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
-        if (shape, runs) not in solved:
+        key = (shape, runs, crossings, mu, sync_factor, in_flight)
+        if key not in solved:
             terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
-            solved[shape, runs] = _blocks_per_stage(terms, model.layers, runs, crossings)
-        counts = solved[shape, runs]
+            solved[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
+        counts = solved[key]
         if counts is None:
             return None
         row, start = [], 0

@@ -146,6 +146,28 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         for split in (SPLIT_RATIO, math.inf):
             for cut in rates + [math.inf]:
                 try_layout((t, S, how, split, cut, out))
+    # Round four: from the best layouts, one coordinate at a time (depth, cut, grouping, TP
+    # size, arrangement) until none improves: a removal cut can make another depth best.
+    for _, key, _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+        while True:
+            before = min(found, key=lambda f: f[0])[0] if found else math.inf
+            t, S, how, split, cut, out = key
+            count = len(groups(t, split, cut, out)[0])
+            for depth in sorted(set(stage_counts(model.layers, count)) | set(range(max(1, S - 3), S + 4))):
+                try_layout((t, depth, how, split, cut, out))
+            for c in rates + [math.inf]:
+                for sp in (SPLIT_RATIO, math.inf):
+                    try_layout((t, S, how, sp, c, out))
+            for size in tp_degrees(cluster, model):
+                try_layout((size, S, how, split, cut, out))
+            for h in ARRANGEMENTS:
+                try_layout((t, S, h, split, cut, out))
+            step, best_key = min(
+                ((f[0], f[1]) for f in found if len(f[1]) == 6 and f[1][-1] == out), default=(math.inf, key)
+            )
+            if step >= before * (1 - 1e-9) or best_key == key:
+                break
+            key = best_key
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
         if not found or deadline is None or not deadline.passed():
             consider((name,), baseline(cluster, model))
