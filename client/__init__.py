@@ -158,8 +158,8 @@ def error_of(exc: grpc.RpcError) -> DroverError:
     if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
-            "the TLS handshake failed: the server's certificate is not signed by the CA given (--ca), "
-            f"or does not name the address dialled ({details[:300]})",
+            "the TLS handshake failed: check that the server serves TLS, that its certificate is signed by "
+            f"the CA given (--ca) and names the address dialled ({details[:300]})",
         )
     return ERRORS.get(code, DroverError)(code, details)
 

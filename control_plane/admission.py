@@ -22,7 +22,6 @@ from .detector import Detector
 from .jobfile import JobSpec
 from .running import (
     MAX_JOB_DEVICES,
-    PLANNING_BUDGET_S,
     RunningJob,
     log,
     log_event,
@@ -148,7 +147,7 @@ class Admission:
 
     async def _start(self, job_id: str, spec: JobSpec, out: str, nodes: list) -> Job:
         cluster = planning.cluster_of(nodes)
-        plan = await self._off_loop(make_plan, cluster, spec.model, "drover", PLANNING_BUDGET_S)
+        plan = await self._off_loop(make_plan, cluster, spec.model, "drover", self.planning_budget_s)
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node

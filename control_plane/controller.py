@@ -39,6 +39,7 @@ from .running import (
     DEVICE_SILENCE_S,
     FLUSH_EVERY_S,
     FLUSH_ROWS,
+    PLANNING_BUDGET_S,
     RunningJob,
     log,
 )
@@ -57,6 +58,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         # One planning thread: plans take seconds at 1,024 GPUs and must not hold up the event loop.
         self.planning = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drover-planner")
         self.restart_s = restart_s
+        self.planning_budget_s = PLANNING_BUDGET_S
         self.device_silence_s = device_silence_s
         self.detection_paused = False
         self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent

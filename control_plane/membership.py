@@ -18,7 +18,6 @@ from . import planning
 from .running import (
     AGENT_GRACE_S,
     PEER_SILENCE_S,
-    PLANNING_BUDGET_S,
     REPLACED,
     RunningJob,
     check_version,
@@ -164,7 +163,7 @@ class Membership:
         )
         cluster = planning.cluster_of([n for n in nodes if n[1]])
         try:
-            plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover", PLANNING_BUDGET_S)
+            plan = await self._off_loop(make_plan, cluster, job.spec.model, "drover", self.planning_budget_s)
         except ValueError as exc:  # the survivors cannot hold the model
             await self._fail(job, f"{what} lost; the rest cannot run the job: {exc}")
             return
@@ -244,7 +243,7 @@ class Membership:
                     cluster = planning.cluster_of(nodes)
                     model = job.spec.model
                     grown = await self._off_loop(
-                        planning.propose, cluster, model, job.plan, {}, self.restart_s, PLANNING_BUDGET_S
+                        planning.propose, cluster, model, job.plan, {}, self.restart_s, self.planning_budget_s
                     )
                     now, after = grown.current_step_s, grown.proposed_step_s
                     # Growing pays only if the steps left win back the switch (none near the end:

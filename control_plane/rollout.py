@@ -17,7 +17,6 @@ from drover.v1 import agent_pb2
 from . import coordinator, planning
 from .coordinator import Observation, Proposal
 from .running import (
-    PLANNING_BUDGET_S,
     RunningJob,
     log,
     log_event,
@@ -104,7 +103,7 @@ class Rollouts:
             job.plan,
             rates,
             self.restart_s,
-            PLANNING_BUDGET_S,
+            self.planning_budget_s,
         )
         return replace(proposal, links=planning.nic_gbps(nodes))  # what that cluster was made with
 
@@ -114,9 +113,11 @@ class Rollouts:
         def timed():
             started = time.monotonic()
             result = fn(*args)
-            if (took := time.monotonic() - started) > PLANNING_BUDGET_S:
+            if (took := time.monotonic() - started) > self.planning_budget_s:
                 log.warning(
-                    "planning took %.1f s, past its %.0f s budget: the best plan found by then", took, PLANNING_BUDGET_S
+                    "planning took %.1f s, past its %.0f s budget: the best plan found by then",
+                    took,
+                    self.planning_budget_s,
                 )
             return result
 

@@ -28,11 +28,11 @@ PEER_SILENCE_S = 10.0
 FLUSH_EVERY_S = 1.0
 FLUSH_ROWS = 1_000
 DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is lost
-# A job spans at most this many devices: planning grows with them (about 4 s at 8,192 devices
-# with 1,024 layers and 65,536 micro-batches, the model's caps), and must stay bounded.
+# A job spans at most this many devices: planning grows with them, and must stay bounded.
 MAX_JOB_DEVICES = 16_384
-# Planning stops trying layouts after this long and takes the best found (1,024 GPUs plan in
-# about 2 s; the largest job allowed, 16,384 devices and 1,024 layers, takes 20 s unbudgeted).
+# Once a plan is found, planning stops trying layouts after this long and takes the best so far
+# (1,024 GPUs plan in about 2 s; the largest job allowed, 16,384 devices with 1,024 layers and
+# 65,536 micro-batches, takes about 20 s unbudgeted on 2 cores).
 PLANNING_BUDGET_S = 10.0
 PROBE_EVERY_S = 3.0  # a node's links are probed at most this often for a job
 PROBE_S = 0.2  # a probe sends about this long's worth of bytes at the NIC's nominal speed

@@ -40,6 +40,8 @@ from .api import start_server, stop_server
 
 STEP_S = 0.005  # a simulated step's wall time
 BASE_S = 0.01  # a healthy device's compute per block per micro-batch, as reported
+LOG_TAIL_BYTES = 1024 * 1024  # the most of a device's log sent, as an agent's default tail
+LOG_CHUNK_BYTES = 64 * 1024  # a LogChunk's data at most, as an agent's
 
 
 class _LoopThread:
@@ -172,12 +174,11 @@ class SimulatedAgent:
         devices = [d for d in (ask.devices or self.devices) if job is not None and d in job["ranks"]]
         for device in devices:
             log = "".join(f"{device}: step {step}\n" for step in range(job["step"] + 1)).encode()
-            data = log[-ask.tail_bytes :] if ask.tail_bytes else log
-            self._outbox.put_nowait(
-                agent_pb2.AgentMessage(
-                    log_chunk=agent_pb2.LogChunk(request_id=ask.request_id, device=device, data=data)
-                )
-            )
+            data = log[-min(ask.tail_bytes or LOG_TAIL_BYTES, LOG_TAIL_BYTES) :]
+            for at in range(0, len(data), LOG_CHUNK_BYTES):  # as a real agent sends them
+                piece = data[at : at + LOG_CHUNK_BYTES]
+                chunk = agent_pb2.LogChunk(request_id=ask.request_id, device=device, data=piece)
+                self._outbox.put_nowait(agent_pb2.AgentMessage(log_chunk=chunk))
         note = "" if devices else f"no logs of {ask.job_id} on {self.node}"
         end = agent_pb2.LogChunk(request_id=ask.request_id, end=True, note=note)
         self._outbox.put_nowait(agent_pb2.AgentMessage(log_chunk=end))

@@ -279,6 +279,8 @@ class Polisher:
                             continue
                         self.left -= 1
                         found = score(best.devices, costs, best.removed, self.model, self.cluster)
+                        if self.deadline is not None and self.deadline.passed():
+                            self.left = 0
                         if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                             if fits_memory(found.costs, found.micro_batches, self.model):
                                 best, improved = found, True

@@ -4,8 +4,12 @@ Round one tries every tensor-parallel size, a spread of pipeline depths and
 both arrangements with stragglers grouped apart and none removed. Round two
 fills in the depths around the best few layouts. Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, and
-grouping that ignores rates. The baselines are candidates too, so
-Drover's plan is never worse than what a Megatron-style job would run.
+grouping that ignores rates. Round four climbs from the best layouts one
+coordinate at a time (depth, cut, grouping, TP size, arrangement). The
+baselines are candidates too, so Drover's plan is never worse than what a
+Megatron-style job would run. Local search (polish.py) then edits the best
+layouts. Under a time budget, once some layout fits, no more are tried past
+it (the baselines are still scored).
 """
 
 from __future__ import annotations
@@ -168,9 +172,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             if step >= before * (1 - 1e-9) or best_key == key:
                 break
             key = best_key
-    for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):
-        if not found or deadline is None or not deadline.passed():
-            consider((name,), baseline(cluster, model))
+    for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):  # budget or not
+        consider((name,), baseline(cluster, model))
     # Local search starts from the best layout of each TP size and set of nodes, best first: hills
     # apart, rather than the same hill's best few.
     best_of: dict[tuple, Candidate] = {}
