@@ -30,6 +30,7 @@ from .polish import polish, with_few_in_flight
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 FINALISTS = 3
+CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
 # Layouts local search may score: many on a small cluster, where each costs microseconds; a few
 # hundred on a large one, where each costs milliseconds (64 GPUs plan in 0.2 s, 1,024 in 3 s).
@@ -64,6 +65,16 @@ def stage_counts(layers: int, groups: int) -> list[int]:
     if top not in depths:
         depths.append(top)
     return depths
+
+
+def cut_levels(rates: set[float]) -> list[float]:
+    """Removal cuts worth a layout each: the straggling rates present, one per band of rates
+    within CUT_BAND of each other (local search removes or restores single GPUs)."""
+    levels: list[float] = []
+    for rate in sorted(rates):
+        if not levels or rate > levels[-1] * CUT_BAND:
+            levels.append(rate)
+    return levels
 
 
 def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
@@ -129,7 +140,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         if candidate is not None:
             found.append((candidate.step_time_s, key, candidate))
 
-    rates = sorted({d.rate for d in cluster.usable if d.rate > 1.0})
+    rates = cut_levels({d.rate for d in cluster.usable if d.rate > 1.0})
     for out in weaker_nodes(cluster):
         before = len(found)
         for t in tp_degrees(cluster, model):
@@ -152,14 +163,17 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 try_layout((t, S, how, split, cut, out))
     # Round four: from the best layouts, one coordinate at a time (depth, cut, grouping, TP
     # size, arrangement) until none improves: a removal cut can make another depth best.
+    cuts = rates + [math.inf]
     for _, key, _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+        depths = set(stage_counts(model.layers, len(groups(*key[:1], *key[3:])[0])))  # all at first
         while True:
             before = min(found, key=lambda f: f[0])[0] if found else math.inf
             t, S, how, split, cut, out = key
-            count = len(groups(t, split, cut, out)[0])
-            for depth in sorted(set(stage_counts(model.layers, count)) | set(range(max(1, S - 3), S + 4))):
+            for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
                 try_layout((t, depth, how, split, cut, out))
-            for c in rates + [math.inf]:
+            depths = set()  # then those near the depth reached
+            at = cuts.index(cut) if cut in cuts else len(cuts) - 1
+            for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
                 for sp in (SPLIT_RATIO, math.inf):
                     try_layout((t, S, how, sp, c, out))
             for size in tp_degrees(cluster, model):
