@@ -35,7 +35,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 
 DEVICES = 8
-STREAMS_PER_CONNECTION = 50  # the server takes 64 streams a connection (control_plane/api.py)
+STREAMS_PER_CONNECTION = 50  # the server takes 64 streams a connection (control_plane/api.py, SERVER_LIMITS)
 # A connection of its own per channel: by default gRPC shares one between channels to one address.
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 

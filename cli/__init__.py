@@ -14,7 +14,7 @@ import sys
 import click
 import grpc
 
-from drover.control_plane.api import StartError
+from drover.control_plane.server import StartError
 from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
 from drover.storage.db import StoreError

@@ -184,7 +184,7 @@ def server(
     **settings,
 ) -> None:
     """Run the control plane. Every option also reads DROVER_<NAME> (e.g. DROVER_MIN_GAIN)."""
-    from drover.control_plane.api import check_loopback, serve
+    from drover.control_plane.server import check_loopback, serve
 
     if (tls_dir is None) == (not insecure):
         raise click.UsageError("give --tls-dir DIR (drover certs init makes one) or --insecure (loopback only)")

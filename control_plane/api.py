@@ -1,6 +1,6 @@
-"""The grpc.aio server: thin servicers over ControlPlane, callers
-authenticated and errors mapped to status codes in one place, standard health
-checking and reflection.
+"""The grpc.aio servicers: thin, over ControlPlane, callers authenticated and
+errors mapped to status codes in one place (server.py starts them, with health
+checking and reflection).
 
 Two ports: clients reach the job service over TLS with a bearer token; agents
 reach the agent stream over mutual TLS, their certificate naming their node.
@@ -13,33 +13,32 @@ import functools
 import inspect
 import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from drover.metrics import MetricsError, split_address
-from drover.metrics import serve as serve_metrics
-from drover.metrics import stop as stop_metrics
 from drover.planner.errors import PlanError, SpecError
-from drover.planner.plan import plan_from_dict
-from drover.planner.wire import STREAM_OPTIONS, is_loopback, job_state, message_from_fields, plan_to_proto
 from drover.storage import queries
-from drover.storage.db import Store, sqlite_url
 from drover.storage.queries import NotFound
-from drover.v1 import agent_pb2, agent_pb2_grpc, events_pb2, jobs_pb2, jobs_pb2_grpc, jobspec_pb2
+from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from .controller import ControlPlane
-from .identity import Authenticator, load_tokens
-from .jobfile import JobSpec, job_from_spec, job_from_stored, job_from_wire
+from .identity import Authenticator
 from .limits import RateLimiter, ResourceExhausted
 from .logs import MAX_OPEN, MAX_TAIL_BYTES
 from .logs import stream as stream_logs
+from .messages import (
+    MAX_PAGE_SIZE,
+    event_message,
+    job_message,
+    next_token,
+    node_message,
+    page_of,
+    plan_message,
+    submitted_spec,
+)
 from .running import REPLACED, TERMINAL
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, check_bounds
 
@@ -73,7 +72,6 @@ ROLE_OF = {
     "SetDetection": "admin",
     "Straggle": "admin",
 }
-PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000  # listings: per page by default, and at most
 MAX_AGENT_STREAMS = 4096  # nodes a control plane serves at once
 SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
@@ -252,104 +250,6 @@ def _peer_host(peer: str) -> str:
     return "127.0.0.1"
 
 
-def _submitted(request: jobs_pb2.SubmitJobRequest) -> JobSpec:
-    """The job of a SubmitJobRequest: its JobSpec, or the deprecated YAML."""
-    if request.HasField("spec") == bool(request.job_yaml):
-        raise InvalidArgument("request: set exactly one of spec and job_yaml (deprecated)")
-    return job_from_spec(request.spec) if request.HasField("spec") else job_from_wire(request.job_yaml)
-
-
-PAYLOADS = {f.name for f in jobs_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields}  # one per EventKind
-PAYLOAD_KEYS = {"from": "recovered_from"}  # stored details' keys that are no field name (a Python keyword)
-
-
-def _event(row) -> jobs_pb2.Event:
-    """A stored event, typed: kind -> EVENT_KIND_KIND, its details -> the payload named like it."""
-    event = jobs_pb2.Event(
-        time=row.time, step=row.step, job_id=row.job_id, kind=row.kind, details_json=row.details_json
-    )
-    if row.kind not in PAYLOADS:
-        return event  # stored by a newer server: kind and details_json only
-    event.type = events_pb2.EventKind.Value(f"EVENT_KIND_{row.kind.upper()}")
-    payload = getattr(event, row.kind)
-    payload.SetInParent()
-    try:
-        details = json.loads(row.details_json or "{}")
-        message_from_fields({PAYLOAD_KEYS.get(k, k): v for k, v in details.items()}, payload)
-    except (ValueError, AttributeError) as exc:  # details another version wrote: kind and details_json still tell
-        log.warning("event %s of job %s has no typed payload: %s", row.kind, row.job_id, exc)
-        event.ClearField(row.kind)
-    return event
-
-
-def _job(row, live_progress: dict | None = None) -> jobs_pb2.Job:
-    figures = live_progress or (json.loads(row.progress.progress_json) if row.progress else None)
-    return jobs_pb2.Job(
-        progress=figures,
-        id=row.id,
-        state=job_state(row.state),
-        model_name=row.model_name,
-        steps=row.steps,
-        seed=row.seed,
-        step=row.step,
-        plan_version=row.plan_version,
-        committed_plan_version=row.committed_plan_version,
-        detail=row.detail,
-        created=row.created,
-        out_dir=row.out_dir,
-        spec=_spec(row.model_yaml),
-    )
-
-
-def _spec(stored: str) -> jobspec_pb2.JobSpec | None:
-    """The job as it runs: its stored spec with every default filled in."""
-    try:
-        return message_from_fields(job_from_stored(stored, "stored job").full_dict(), jobspec_pb2.JobSpec())
-    except (SpecError, ValueError) as exc:  # written by another version: the job's other fields still tell
-        log.warning("a stored job has no JobSpec form: %s", exc)
-        return None
-
-
-def _plan(row) -> jobs_pb2.PlanRecord:
-    return jobs_pb2.PlanRecord(
-        job_id=row.job_id,
-        version=row.version,
-        reason=row.reason,
-        committed=row.committed,
-        created=row.created,
-        plan=plan_to_proto(plan_from_dict(json.loads(row.plan_json))),
-    )
-
-
-def _node(session, row) -> jobs_pb2.Node:
-    return jobs_pb2.Node(
-        name=row.name,
-        connected=row.connected,
-        drained=row.drained,
-        last_seen=row.last_seen,
-        devices=[d.id for d in queries.devices_of(session, row.name)],
-        nics=[f"{n.name} ({n.type})" for n in queries.nics_of(session, row.name)],
-        links=[
-            jobs_pb2.Link(nic=k.nic, peer=k.peer, gbps=k.gbps, time=k.time) for k in queries.links_of(session, row.name)
-        ],
-    )
-
-
-def _page(request) -> tuple[int, int]:
-    """(offset, size) of a listing request; the page token is the offset where the page starts."""
-    size = request.page_size or PAGE_SIZE
-    if not 1 <= size <= MAX_PAGE_SIZE:
-        raise InvalidArgument(f"page_size = {request.page_size}: 0 (meaning {PAGE_SIZE}) up to {MAX_PAGE_SIZE}")
-    token = request.page_token
-    if token and not (token.isascii() and token.isdigit() and len(token) <= 12):  # not "6²"
-        raise InvalidArgument(f"page_token = {token[:40]!r}: a next_page_token this service returned")
-    return int(token or 0), size
-
-
-def _next(rows: list, offset: int, size: int) -> str:
-    return str(offset + size) if len(rows) > size else ""
-
-
 @map_errors
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, cp: ControlPlane, auth: Authenticator, emulation: bool = False):
@@ -363,22 +263,24 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.limits.check(name, caller.name)
 
     async def SubmitJob(self, request, context):
-        return _job(await self.cp.submit(_submitted(request), request.out_dir))
+        return job_message(await self.cp.submit(submitted_spec(request), request.out_dir))
 
     async def GetJob(self, request, context):
         job = await self.read(lambda s: queries.get_job(s, request.job_id))
         live = self.cp.jobs.get(job.id)
         if live is not None:  # the step in storage lags by one flush
             job.step = max(job.step, live.step)
-        return _job(job, live.progress if live is not None else None)
+        return job_message(job, live.progress if live is not None else None)
 
     async def ListJobs(self, request, context):
-        offset, size = _page(request)
+        offset, size = page_of(request)
         rows = await self.read(lambda s: queries.jobs(s, offset, size + 1))
-        return jobs_pb2.ListJobsResponse(jobs=[_job(j) for j in rows[:size]], next_page_token=_next(rows, offset, size))
+        return jobs_pb2.ListJobsResponse(
+            jobs=[job_message(j) for j in rows[:size]], next_page_token=next_token(rows, offset, size)
+        )
 
     async def CancelJob(self, request, context):
-        return _job(await self.cp.cancel(request.job_id))
+        return job_message(await self.cp.cancel(request.job_id))
 
     async def WatchEvents(self, request, context):
         await self.read(lambda s: queries.get_job(s, request.job_id))
@@ -391,7 +293,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             self.cp.new_events.clear()  # before reading, so an event stored meanwhile wakes us
             for e in await events_after(last):
                 last = e.id
-                yield _event(e)
+                yield event_message(e)
             job = await self.read(lambda s: queries.get_job(s, request.job_id))
             if job.state in TERMINAL and not await events_after(last):
                 return
@@ -426,25 +328,25 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             yield lines
 
     async def ListEvents(self, request, context):
-        offset, size = _page(request)
+        offset, size = page_of(request)
         await self.read(lambda s: queries.get_job(s, request.job_id))
         rows = await self.read(lambda s: queries.events(s, request.job_id, offset=offset, limit=size + 1))
-        events = [_event(e) for e in rows[:size]]
-        return jobs_pb2.ListEventsResponse(events=events, next_page_token=_next(rows, offset, size))
+        events = [event_message(e) for e in rows[:size]]
+        return jobs_pb2.ListEventsResponse(events=events, next_page_token=next_token(rows, offset, size))
 
     async def GetPlan(self, request, context):
-        return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
+        return plan_message(await self.read(lambda s: queries.get_plan(s, request.job_id, request.version)))
 
     async def ListPlans(self, request, context):
-        offset, size = _page(request)
+        offset, size = page_of(request)
         rows = await self.read(lambda s: queries.plans(s, request.job_id, offset, size + 1))
         return jobs_pb2.ListPlansResponse(
-            plans=[_plan(p) for p in rows[:size]], next_page_token=_next(rows, offset, size)
+            plans=[plan_message(p) for p in rows[:size]], next_page_token=next_token(rows, offset, size)
         )
 
     async def Replan(self, request, context):
         version = await self.cp.replan(request.job_id, request.reason)
-        return _plan(await self.read(lambda s: queries.get_plan(s, request.job_id, version)))
+        return plan_message(await self.read(lambda s: queries.get_plan(s, request.job_id, version)))
 
     async def SetDetection(self, request, context):
         self.cp.detection_paused = request.paused
@@ -452,16 +354,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def DrainNode(self, request, context):
         await self.cp.drain(request.node, True)
-        return await self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+        return await self.read(lambda s: node_message(s, queries.get_node(s, request.node)))
 
     async def UndrainNode(self, request, context):
         await self.cp.drain(request.node, False)
-        return await self.read(lambda s: _node(s, queries.get_node(s, request.node)))
+        return await self.read(lambda s: node_message(s, queries.get_node(s, request.node)))
 
     async def ListNodes(self, request, context):
-        offset, size = _page(request)
-        rows = await self.read(lambda s: [_node(s, n) for n in queries.nodes(s, offset, size + 1)])
-        return jobs_pb2.ListNodesResponse(nodes=rows[:size], next_page_token=_next(rows, offset, size))
+        offset, size = page_of(request)
+        rows = await self.read(lambda s: [node_message(s, n) for n in queries.nodes(s, offset, size + 1)])
+        return jobs_pb2.ListNodesResponse(nodes=rows[:size], next_page_token=next_token(rows, offset, size))
 
     async def QueryTelemetry(self, request, context):
         if request.limit > MAX_PAGE_SIZE:
@@ -479,7 +381,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         )
 
     async def QueryHistory(self, request, context):
-        offset, size = _page(request)
+        offset, size = page_of(request)
         await self.read(lambda s: queries.get_job(s, request.job_id))
         await self.cp.flush()
         rows = await self.read(lambda s: queries.history(s, request.job_id, offset, size + 1))
@@ -496,131 +398,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 )
                 for r in rows[:size]
             ],
-            next_page_token=_next(rows, offset, size),
+            next_page_token=next_token(rows, offset, size),
         )
 
     async def Straggle(self, request, context):
         if not self.emulation:
             raise PermissionDenied("emulation is off: start the server with --emulation to make devices slow")
         return jobs_pb2.StraggleResponse(node=await self.cp.straggle(request.device, request.rate, request.from_step))
-
-
-def check_loopback(*addresses: str) -> None:
-    """Serving without TLS is for this machine only."""
-    for where in addresses:
-        if not is_loopback(where):
-            raise ValueError(f"{where}: insecure serving is for loopback only (127.0.0.1, localhost, [::1])")
-
-
-class StartError(RuntimeError):
-    """The server cannot start as asked: the message says why."""
-
-
-@dataclass
-class Served:
-    server: grpc.aio.Server
-    cp: ControlPlane
-    port: int  # the job service's (and, insecure, the agents')
-    agent_port: int  # the agent stream's
-    metrics_port: int = 0  # /metrics's, when served
-    metrics_http: object = None
-
-
-def _credentials(tls_dir: Path, agents: bool) -> grpc.ServerCredentials:
-    """TLS with the server's certificate; for the agent port, also each agent's, checked against the CA."""
-    pair = [((tls_dir / "server.key").read_bytes(), (tls_dir / "server.pem").read_bytes())]
-    if not agents:
-        return grpc.ssl_server_credentials(pair)
-    ca = (tls_dir / "ca.pem").read_bytes()
-    return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=True)
-
-
-async def start_server(
-    db: str,
-    address: str,
-    agent_address: str | None = None,
-    tls_dir: str | Path | None = None,
-    emulation: bool = False,
-    new_db: bool = False,
-    max_agent_streams: int = MAX_AGENT_STREAMS,
-    metrics_address: str | None = None,
-    **options,
-) -> Served:
-    """A started server with its control plane; `db` is a SQLAlchemy URL or a SQLite file path.
-    With `tls_dir` (see `drover certs init`) clients need TLS and a token at `address`, agents
-    mutual TLS at `agent_address`; without it both are served insecure on loopback only.
-    `emulation` allows Straggle; `new_db` starts empty where a used database went missing;
-    `max_agent_streams` caps the agents served at once; `metrics_address` (HOST:PORT) serves
-    Prometheus metrics at /metrics, over TLS with the server's certificate when there is one;
-    `options` go to ControlPlane."""
-    if metrics_address:
-        split_address(metrics_address, "--metrics")
-    if tls_dir is None:
-        check_loopback(address, agent_address or address, *([metrics_address] if metrics_address else []))
-    elif agent_address is None:
-        raise ValueError("with TLS, agents need a port of their own (agent_address)")
-    auth = Authenticator(load_tokens(Path(tls_dir) / "tokens.json") if tls_dir is not None else None)
-    store = Store(db if "://" in db else sqlite_url(db), create=new_db)
-    cp = ControlPlane(store, **options)
-    try:
-        await cp.recover()
-        server = grpc.aio.server(options=STREAM_OPTIONS + SERVER_LIMITS)
-        register(
-            server, AgentService(cp, auth, max_agent_streams), agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
-        )
-        register(server, JobService(cp, auth, emulation), jobs_pb2.DESCRIPTOR.services_by_name["JobService"])
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = [
-            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-            jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-        ]
-        reflection.enable_server_reflection(names, server)
-        try:
-            if tls_dir is None:
-                port = server.add_insecure_port(address)
-                agent_port = server.add_insecure_port(agent_address) if agent_address else port
-            else:
-                port = server.add_secure_port(address, _credentials(Path(tls_dir), agents=False))
-                agent_port = server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
-        except RuntimeError as exc:
-            raise StartError(f"cannot listen on {address} or {agent_address}: {exc} (another server?)") from None
-        await server.start()
-        cp.metrics.attach(cp, asyncio.get_running_loop())
-        metrics_http, metrics_port = None, 0
-        if metrics_address:
-            tls = (Path(tls_dir) / "server.pem", Path(tls_dir) / "server.key") if tls_dir is not None else None
-            try:
-                metrics_http, metrics_port = serve_metrics(metrics_address, cp.metrics.registry, tls)
-            except MetricsError:
-                await server.stop(grace=None)
-                raise
-    except BaseException:
-        await cp.close()  # the database and its lock are let go
-        raise
-    for name in names[:2] + [""]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    cp.flusher = asyncio.create_task(cp.flush_forever())
-    security = "TLS" if tls_dir is not None else "INSECURE"
-    log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, db)
-    if metrics_http is not None:
-        log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)
-    return Served(server, cp, port, agent_port, metrics_port, metrics_http)
-
-
-async def stop_server(served: Served) -> None:
-    if served.metrics_http is not None:
-        await asyncio.to_thread(stop_metrics, served.metrics_http)
-    await served.server.stop(grace=1)
-    await served.cp.close()
-
-
-async def serve(db: str, address: str, **options) -> None:
-    """Run until cancelled; `options` as start_server's."""
-    served = await start_server(db, address, **options)
-    try:
-        await served.server.wait_for_termination()
-    finally:
-        await stop_server(served)

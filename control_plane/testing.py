@@ -36,7 +36,7 @@ import pytest
 from drover.planner.wire import job_state, plan_from_proto
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
 
-from .api import start_server, stop_server
+from .server import start_server, stop_server
 
 STEP_S = 0.005  # a simulated step's wall time
 BASE_S = 0.01  # a healthy device's compute per block per micro-batch, as reported

@@ -19,9 +19,9 @@ import torch
 import yaml
 
 from drover.client import job_spec
-from drover.control_plane.api import start_server, stop_server
 from drover.control_plane.controller import ControlPlane
 from drover.control_plane.jobfile import read_job_file
+from drover.control_plane.server import start_server, stop_server
 from drover.planner.cluster import cluster_from_dict
 from drover.planner.model import model_from_dict
 from drover.planner.plan import plan_from_dict

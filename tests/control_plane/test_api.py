@@ -305,7 +305,7 @@ async def test_a_failed_flush_keeps_its_samples_and_the_flusher_goes_on(plane, m
 
 async def test_one_server_per_port_and_per_database(plane, tmp_path):
     """Split brain: a second server on the same port or the same database refuses to start."""
-    from drover.control_plane.api import start_server
+    from drover.control_plane.server import start_server
     from drover.storage.db import StoreInUse
 
     with pytest.raises(RuntimeError, match="(?i)bind|port"):

@@ -7,7 +7,7 @@ import ast
 import json
 from types import SimpleNamespace
 
-from drover.control_plane.api import PAYLOAD_KEYS, _event
+from drover.control_plane.messages import PAYLOAD_KEYS, event_message
 from drover.v1 import events_pb2, jobs_pb2
 
 from support import ROOT
@@ -60,15 +60,15 @@ def test_every_event_kind_has_the_payload_named_like_it():
 def test_a_stored_event_comes_typed_and_an_unknown_kind_comes_as_stored():
     details = {"from": "replicas", "plan_version": 3, "steps_redone": 0, "seconds": 1.5, "bytes_moved": 10}
     row = SimpleNamespace(time=1.0, step=4, job_id="job-1", kind="recovered", details_json=json.dumps(details))
-    event = _event(row)
+    event = event_message(row)
     assert event.type == events_pb2.EVENT_KIND_RECOVERED and event.recovered.recovered_from == "replicas"
     assert event.recovered.bytes_moved == 10 and json.loads(event.details_json) == details
     rates = {"node-0/1": float("inf")}  # a failed device's rate: JSON's Infinity
     row = SimpleNamespace(
         time=1.0, step=4, job_id="job-1", kind="replan_skipped", details_json=json.dumps({"rates": rates})
     )
-    assert dict(_event(row).replan_skipped.rates) == rates
+    assert dict(event_message(row).replan_skipped.rates) == rates
     row = SimpleNamespace(time=1.0, step=4, job_id="job-1", kind="from_the_future", details_json='{"x": 1}')
-    newer = _event(row)
+    newer = event_message(row)
     assert newer.type == events_pb2.EVENT_KIND_UNSPECIFIED and newer.WhichOneof("payload") is None
     assert newer.kind == "from_the_future" and newer.details_json == '{"x": 1}'

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_rollout import start_two_node_job, step_of
 
-from drover.control_plane.api import start_server, stop_server
+from drover.control_plane.server import start_server, stop_server
 from drover.metrics import MetricsError
 from drover.v1 import agent_pb2, state_pb2
 

@@ -12,8 +12,9 @@ import pytest_asyncio
 
 from drover.agent.daemon import _credentials as agent_credentials
 from drover.client import Client, Target, Unauthenticated, job_spec
-from drover.control_plane.api import ROLE_OF, start_server, stop_server
+from drover.control_plane.api import ROLE_OF
 from drover.control_plane.identity import make_credentials
+from drover.control_plane.server import start_server, stop_server
 from drover.v1 import agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
 
 from support import TINY_JOB, ScriptedAgent, eventually
