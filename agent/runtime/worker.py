@@ -19,12 +19,10 @@ The torch device is chosen once in worker_main and handed down explicitly.
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import logging
 import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -39,22 +37,20 @@ from drover.planner.plan import Plan, plan_from_dict
 from drover.planner.training import Training, lr_at
 
 from . import layout
-from .checkpoint import complete_checkpoints, find_checkpoint, load_checkpoint, model_meta, save_checkpoint, save_model
-from .checkpoint import read_meta as read_checkpoint_meta
+from .checkpoint import model_meta, save_checkpoint, save_model
 from .curves import Curves
 from .grad_sync import sync_gradients
 from .inputs import open_inputs
-from .links import bound_to, enter_namespace, interface_for, network_layout
-from .migration import migrate, summarize
-from .model import build_part, config_of
+from .links import enter_namespace, network_layout
+from .model import config_of
 from .optim import AdamW, clip_factor, local_sq_norm
-from .parts import empty_part, warm_up
-from .recovery import World, newest_world, peer_lost, rendezvous_store, wait_for_world
+from .parts import warm_up
+from .recovery import World, newest_world, peer_lost, rendezvous_store
+from .rejoining import COLLECTIVE_TIMEOUT_S, LeftOut, Rejoining
 from .schedule import Stats, run_stage
-from .tensor_parallel import WaitClock, join_group, split_dim
+from .switching import Switching
+from .tensor_parallel import WaitClock, split_dim
 
-COLLECTIVE_TIMEOUT_S = 300
-_HELD = object()  # _switch's default: what the current plan holds
 log = logging.getLogger("drover.worker")
 
 
@@ -74,22 +70,6 @@ def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
 def telemetry_file(out: Path, device: str, suffix: str) -> Path:
     """OUT/telemetry/DEVICE.SUFFIX, the device id with '_' for '/' (node-1/0 -> node-1_0.jsonl)."""
     return out / "telemetry" / f"{device.replace('/', '_')}.{suffix}"
-
-
-def _die() -> None:
-    """Emulation (die-DEVICE.json in the inbox): a device lost in the middle of a switch."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _die_with_node() -> None:
-    """Emulation (die-DEVICE.json with {"scope": "node"}): the whole node lost in the middle of
-    a switch: the worker's process group, which is its agent's (drover up starts each agent in
-    a group of its own)."""
-    os.killpg(os.getpgid(0), signal.SIGKILL)
-
-
-class LeftOut(Exception):
-    """The new world has no place for this device: it leaves the job."""
 
 
 @dataclass
@@ -116,7 +96,7 @@ class WorkerArgs:
     log_file: str = ""  # stdout and stderr go here (an agent's workers: agent/logs.py); "": inherited
 
 
-class Worker:
+class Worker(Rejoining, Switching):
     def __init__(self, args: WorkerArgs, torch_device: torch.device):
         self.args, self.rank = args, args.rank
         self.spec, self.cfg = args.spec, config_of(args.spec)
@@ -244,95 +224,6 @@ class Worker:
         if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
             self._checkpoint(done)
 
-    # -- surviving lost peers (recovery.py) ------------------------------------------------
-
-    def _recover(self, planned: bool = False) -> None:
-        """Leave the world (broken, or `planned`: the job grows), join the next one the inbox
-        names, and continue there."""
-        lost_at = time.perf_counter()
-        self._leave_world()
-        stalled = Path(self.args.inbox) / f"stalled-{self.device_id.replace('/', '_')}.json"
-        if not planned:
-            stalled.write_text(json.dumps({"generation": self.generation}))  # the agent reports it
-        while True:
-            world = wait_for_world(Path(self.args.inbox), self.generation, COLLECTIVE_TIMEOUT_S)
-            self.generation = world.generation
-            if self.device_id not in world.ranks:
-                raise LeftOut(f"{self.device_id} has no place in world {world.generation}")
-            try:
-                dist.init_process_group(
-                    "nccl" if self.torch_device.type == "cuda" else "gloo",
-                    store=rendezvous_store(
-                        world.init_method, world.ranks[self.device_id], world.size, COLLECTIVE_TIMEOUT_S
-                    ),
-                    rank=world.ranks[self.device_id],
-                    world_size=world.size,
-                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                )
-                record = self._rejoin(world, lost_at)
-                stalled.unlink(missing_ok=True)
-                if self.rank == 0:
-                    self._output("migrations.jsonl").write(json.dumps(record) + "\n")
-                    self._output("migrations.jsonl").flush()
-                return
-            except RuntimeError as exc:  # lost another peer while regrouping: the next world
-                if not peer_lost(exc):
-                    raise
-            self._leave_world()
-
-    def _leave_world(self) -> None:
-        """Close every group, so that peers still waiting on this worker fail fast too."""
-        self.groups, self.tp_pg, self.sync_pgs, self.p2p_pgs = {}, None, [], {}
-        for module in self.parts.values():  # TP hooks hold their group
-            if hasattr(module, "enter"):
-                module.enter, module.exit = torch.nn.Identity(), torch.nn.Identity()
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group may fail to close; it is gone either way
-            pass
-        gc.collect()  # the groups' sockets close when the last reference goes
-
-    def _rejoin(self, world: World, lost_at: float) -> dict:
-        """Agree on the step, take the new plan's parts, and return the recovery's record."""
-        old_plan, old_ranks = self.plan, self.ranks
-        self.rank, self.ranks, self.world = world.ranks[self.device_id], world.ranks, world.size
-        # The step commit protocol: agree on the newest committed step, roll forward if behind.
-        newest = torch.tensor([self.committed], dtype=torch.int64, device=self.torch_device)
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-        newest = int(newest)
-        if self.joining:  # a newcomer holds nothing yet: it starts where the others are
-            self.committed, self.joining = newest, False
-        elif newest == self.committed + 1 and self.pending == self.committed:
-            self._update(self.committed)
-            self.committed = newest
-        elif newest != self.committed:
-            raise RuntimeError(f"{self.device_id} is at step {self.committed}, the world at {newest}: cannot recover")
-        elif self.previous is not None:
-            # Nobody committed this step, so a switch begun in it may have finished on some workers
-            # and not on others: all go back to what they held before it, unchanged since.
-            self.plan, self.version, self.parts, self.state, self.roles, self.norm_parts = self.previous
-        self.pending, self.previous = None, None
-        for module in self.parts.values():
-            for p in module.parameters():
-                p.grad = None
-        before = layout.surviving_holdings(old_plan, old_ranks, world.ranks, self.spec.layers)
-        lost = layout.lost_parts(before)
-        self.received[world.plan_version] = world.plan
-        if not lost:
-            record = self._switch(world.plan_version, self.committed, before=before, started=lost_at)
-            if set(old_ranks) <= set(world.ranks):  # nobody lost: the job grew
-                return record | {"joined": sorted(set(world.ranks) - set(old_ranks))}
-            return record | {"recovered_from": "replicas", "steps_redone": 0}
-        if not self.inputs.checkpoints or not complete_checkpoints(self.inputs.checkpoints):
-            raise RuntimeError(f"parts {lost[:5]} were lost with every copy, and the job has no checkpoint")
-        checkpoint = find_checkpoint(self.inputs.checkpoints)
-        self.parts, self.state = {}, {}  # every worker rolls back to the same step
-        record = self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint, started=lost_at)
-        redone = self.committed - read_checkpoint_meta(checkpoint)["step"]
-        self.committed -= redone
-        self.curves.close()  # reopened at the step now redone, which purges what was logged from it on
-        return record | {"step": self.committed, "recovered_from": "checkpoint", "steps_redone": redone}
-
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,
         in global batches, forward only through the current plan; every worker calls this."""
@@ -449,91 +340,6 @@ class Worker:
             for name, p in module.named_parameters():
                 self.optim.update(p.data, p.grad, self.state[part][name], step + 1, lr)
                 p.grad = None
-
-    # -- plan switches -----------------------------------------------------------
-
-    def _switch(
-        self, version: int, step: int, before=_HELD, fill_from: Path | None = None, started: float | None = None
-    ) -> dict:
-        """Start plan `version` at this step; move only the parts that change owner. `before`:
-        what every worker holds now (default: the current plan's holdings); `fill_from`: a
-        checkpoint that fills every part instead (the job's resume, or a rollback); `started`:
-        when the switch began, for its record (a recovery: when the loss was noticed)."""
-        started = time.perf_counter() if started is None else started
-        if self.previous is None:
-            self.previous = (self.plan, self.version, self.parts, self.state, self.roles, self.norm_parts)
-        new_plan = self.received[version]
-        self.roles = layout.roles(new_plan, self.ranks)
-        self.norm_parts = layout.norm_parts(new_plan, self.ranks, self.rank)
-        role = self.roles.get(self.rank)
-        if before is _HELD:
-            before = layout.holdings(self.plan, self.ranks, self.spec.layers) if self.plan else None
-        if self.plan is None and self.inputs.resume:
-            fill_from = self.inputs.resume
-        self.filling = fill_from is not None
-        migrated = migrate(
-            before,
-            new_plan,
-            self.ranks,
-            self.rank,
-            role,
-            self.cfg,
-            self.parts,
-            self.state,
-            self._origin,
-            self.torch_device,
-            fault=(_die_with_node if self.die_at_switch == "node" else _die) if self.die_at_switch else None,
-        )
-        self.parts, self.state = migrated.parts, migrated.state
-        # Everyone alive and here before groups are made: new_group waits on the rendezvous store,
-        # where a lost peer is only noticed at the timeout, while a collective notices at once.
-        dist.barrier()
-        self._build_groups(new_plan)
-        if fill_from is not None:
-            args = (self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device)
-            load_checkpoint(fill_from, *args)
-        if role and len(role.group) > 1:
-            for part, module in self.parts.items():
-                if isinstance(part, int):
-                    join_group(module, self.tp_pg, self.tp_clock)
-        self.plan, self.version = new_plan, version
-        return summarize(step, version, migrated, started, self.torch_device)
-
-    def _origin(self, part: layout.Part) -> torch.nn.Module:
-        """A part under the first plan: empty for a checkpoint to fill, from the Hugging Face
-        weights, or built from (seed, part)."""
-        if self.filling:
-            return empty_part(self.cfg, part, 1, 0, torch.device("cpu"))
-        if self.inputs.init:
-            return self.inputs.init.module(self.cfg, part)
-        return build_part(self.cfg, part, self.training.seed)
-
-    def _build_groups(self, plan: Plan) -> None:
-        """Every worker creates every new group, in the same order, as torch.distributed
-        requires; a group of ranks seen in an earlier plan is reused, never made twice."""
-        self.tp_pg, self.sync_pgs, self.p2p_pgs = None, [], {}
-        if self.network:  # neighbouring stages talk on the network they share, not the default group's
-            for pair in layout.p2p_pairs(plan, self.ranks):
-                pg = self._group(pair)
-                if self.rank in pair:
-                    self.p2p_pgs[pair] = pg
-        for ranks in layout.tp_groups(plan, self.ranks):
-            pg = self._group(ranks)
-            if self.rank in ranks:
-                self.tp_pg = pg
-        for group in layout.sync_groups(plan, self.ranks, self.spec.layers):
-            pg = self._group(group.ranks)
-            if self.rank in group.ranks:
-                self.sync_pgs.append((group, pg))
-
-    def _group(self, ranks: tuple[int, ...]):
-        """The process group of these ranks, on the network their nodes share (links.py)."""
-        key = tuple(sorted(ranks))
-        if key not in self.groups:
-            nodes = {device.split("/")[0] for device, rank in self.ranks.items() if rank in key}
-            with bound_to(interface_for(nodes, self.network)):
-                self.groups[key] = dist.new_group(list(key))
-        return self.groups[key]
 
 
 def torch_device_of(args: WorkerArgs) -> torch.device:
