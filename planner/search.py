@@ -165,9 +165,10 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
     for _, key, _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
-        depths = set(stage_counts(model.layers, len(groups(*key[:1], *key[3:])[0])))  # all at first
+        t, _, _, split, cut, out = key
+        depths = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
         while True:
-            before = min(found, key=lambda f: f[0])[0] if found else math.inf
+            before = min(f[0] for f in found)
             t, S, how, split, cut, out = key
             for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
                 try_layout((t, depth, how, split, cut, out))
