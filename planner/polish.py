@@ -62,11 +62,15 @@ class Polisher:
 
     def evaluate(self, layout: Layout) -> Candidate | None:
         if layout not in self.seen:
-            self.left -= 1
             self.seen[layout] = _candidate(layout, self.cluster, self.model)
-            if self.deadline is not None and self.deadline.passed():
-                self.left = 0
+            self._spend()
         return self.seen[layout]
+
+    def _spend(self) -> None:
+        """One evaluation off the budget; none left once past the deadline."""
+        self.left -= 1
+        if self.deadline is not None and self.deadline.passed():
+            self.left = 0
 
     # -- edits of the groups --------------------------------------------------------
 
@@ -277,10 +281,8 @@ class Polisher:
                         costs = _shifted(best.costs, p, k, delta)
                         if costs is None:
                             continue
-                        self.left -= 1
                         found = score(best.devices, costs, best.removed, self.model, self.cluster)
-                        if self.deadline is not None and self.deadline.passed():
-                            self.left = 0
+                        self._spend()
                         if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                             if fits_memory(found.costs, found.micro_batches, self.model):
                                 best, improved = found, True

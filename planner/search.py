@@ -38,21 +38,19 @@ POLISH_WORK = 10_000  # divided by the usable GPUs
 POLISH_EVALUATIONS = (150, 4000)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Deadline:
     """A wall-clock budget for one search (time.monotonic() seconds). Once past it the search
-    tries no more layouts and returns the best found so far; `hit` says it was cut short."""
+    tries no more layouts and returns the best found so far."""
 
     at: float
-    hit: bool = False
 
     @classmethod
     def after(cls, seconds: float) -> Deadline:
         return cls(time.monotonic() + seconds)
 
     def passed(self) -> bool:
-        self.hit = self.hit or time.monotonic() > self.at
-        return self.hit
+        return time.monotonic() > self.at
 
 
 def stage_counts(layers: int, groups: int) -> list[int]:
