@@ -20,19 +20,8 @@ from drover.v1 import agent_pb2
 from . import planning
 from .detector import Detector
 from .jobfile import JobSpec
-from .running import (
-    MAX_JOB_DEVICES,
-    RunningJob,
-    log,
-    log_event,
-    whole_nodes_within,
-)
-from .validation import (
-    FailedPrecondition,
-    InvalidArgument,
-    PermissionDenied,
-    check_out_dir,
-)
+from .running import MAX_JOB_DEVICES, RunningJob, log, log_event, whole_nodes_within
+from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, check_out_dir
 
 
 class Admission:

@@ -35,14 +35,7 @@ from .logs import LogRouter
 from .membership import Membership
 from .metrics import PlaneMetrics
 from .rollout import Rollouts
-from .running import (
-    DEVICE_SILENCE_S,
-    FLUSH_EVERY_S,
-    FLUSH_ROWS,
-    PLANNING_BUDGET_S,
-    RunningJob,
-    log,
-)
+from .running import DEVICE_SILENCE_S, FLUSH_EVERY_S, FLUSH_ROWS, PLANNING_BUDGET_S, RunningJob, log
 
 
 class ControlPlane(Membership, Admission, Intake, Rollouts):

@@ -15,19 +15,8 @@ from drover.storage.models import HistoryPoint, NicSample, TelemetrySample
 from drover.v1 import agent_pb2
 
 from .metrics import lag_of
-from .running import (
-    MAX_LINKS,
-    PROBE_EVERY_S,
-    PROBE_S,
-    RunningJob,
-    check_version,
-    progress_dict,
-)
-from .validation import (
-    InvalidArgument,
-    PermissionDenied,
-    check_telemetry,
-)
+from .running import MAX_LINKS, PROBE_EVERY_S, PROBE_S, RunningJob, check_version, progress_dict
+from .validation import InvalidArgument, PermissionDenied, check_telemetry
 
 
 class Intake:

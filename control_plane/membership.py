@@ -15,17 +15,8 @@ from drover.storage import queries
 from drover.v1 import agent_pb2
 
 from . import planning
-from .running import (
-    AGENT_GRACE_S,
-    PEER_SILENCE_S,
-    REPLACED,
-    RunningJob,
-    check_version,
-    log,
-)
-from .validation import (
-    check_hello,
-)
+from .running import AGENT_GRACE_S, PEER_SILENCE_S, REPLACED, RunningJob, check_version, log
+from .validation import check_hello
 
 
 class Membership:

@@ -16,14 +16,8 @@ from drover.v1 import agent_pb2
 
 from . import coordinator, planning
 from .coordinator import Observation, Proposal
-from .running import (
-    RunningJob,
-    log,
-    log_event,
-)
-from .validation import (
-    FailedPrecondition,
-)
+from .running import RunningJob, log, log_event
+from .validation import FailedPrecondition
 
 
 class Rollouts:
