@@ -36,9 +36,9 @@ class Layout:
 
 
 class Polisher:
-    def __init__(self, cluster: Cluster, model: ModelSpec, max_evaluations: int, deadline=None):
+    def __init__(self, cluster: Cluster, model: ModelSpec, stages: int, deadline=None):
         self.cluster, self.model = cluster, model
-        self.left = max_evaluations
+        self.left = stages  # of layouts scored: a layout costs about its number of stages
         self.deadline = deadline  # search.Deadline: past it, no evaluations are left
         self.devices = cluster.device_by_id
         self._groups: dict[tuple, Group] = {}
@@ -63,50 +63,108 @@ class Polisher:
     def evaluate(self, layout: Layout) -> Candidate | None:
         if layout not in self.seen:
             self.seen[layout] = _candidate(layout, self.cluster, self.model)
-            self._spend()
+            self._spend(sum(map(len, layout.pipelines)))
         return self.seen[layout]
 
-    def _spend(self) -> None:
-        """One evaluation off the budget; none left once past the deadline."""
-        self.left -= 1
+    def _spend(self, stages: int) -> None:
+        """A layout's stages off the budget; none left once past the deadline."""
+        self.left -= stages
         if self.deadline is not None and self.deadline.passed():
             self.left = 0
 
     # -- edits of the groups --------------------------------------------------------
 
     def edits(self, layout: Layout) -> Iterator[Layout]:
-        pipes, removed = layout.pipelines, layout.removed
-        valid = self.model.tp_divides
-        for p, pipe in enumerate(pipes):
-            for i in range(len(pipe)):  # a stage to another position: the LM head's stage matters
+        """Every edit of every kind, the kinds taking turns: with a budget far below the edits
+        of one layout, each kind is tried early instead of the first kind's hundreds."""
+        turns = [kind(layout) for kind in self.kinds()]
+        while turns:
+            left = []
+            for edits in turns:
+                edit = next(edits, None)
+                if edit is not None:
+                    yield edit
+                    left.append(edits)
+            turns = left
+
+    def kinds(self) -> list:
+        return [
+            self._reorders,
+            self._idle_groups,
+            self._leaves,
+            self._idle_nodes,
+            self._idle_pipelines,
+            self._stages_apart,
+            self._regroupings,
+            self._splits_and_merges,
+            self._restores,
+            self._copies,
+            self._whole_groups,
+            self._stages_across,
+        ]
+
+    def _reorders(self, layout: Layout) -> Iterator[Layout]:
+        """A stage one place on, or to either end: the LM head's stage and the embedding's matter."""
+        for p, pipe in enumerate(layout.pipelines):
+            for i in range(len(pipe)):
                 for j in range(len(pipe)):
-                    if i != j:
+                    if i != j and (abs(i - j) == 1 or j in (0, len(pipe) - 1)):
                         order = list(pipe)
                         order.insert(j, order.pop(i))
                         yield _with(layout, p, tuple(order))
-        for p, pipe in enumerate(pipes):  # a group left idle
+
+    def _idle_groups(self, layout: Layout) -> Iterator[Layout]:
+        """A group left idle."""
+        pipes, removed = layout.pipelines, layout.removed
+        for p, pipe in enumerate(pipes):
             for i, g in enumerate(pipe):
                 rest = pipe[:i] + pipe[i + 1 :]
                 if rest:
                     yield _with(layout, p, rest, removed=removed + g.devices)
                 elif len(pipes) > 1:
                     yield Layout(pipes[:p] + pipes[p + 1 :], removed + g.devices)
-        for node in sorted({g.node for pipe in pipes for g in pipe}):  # a node left idle: its links may cost most
+
+    def _leaves(self, layout: Layout) -> Iterator[Layout]:
+        """A GPU leaves its group and stays idle (a straggler out of a group that waits for it)."""
+        pipes, valid = layout.pipelines, self.model.tp_divides
+        for p, pipe in enumerate(pipes):
+            for i, g in enumerate(pipe):
+                if g.t > 1 and valid(g.t - 1):
+                    for d in g.devices:
+                        rest = self.group(tuple(x for x in g.devices if x != d))
+                        yield Layout(_regroup(pipes, (p, i, rest)), layout.removed + (d,))
+
+    def _idle_nodes(self, layout: Layout) -> Iterator[Layout]:
+        """A node left idle: its links may cost most."""
+        pipes, removed = layout.pipelines, layout.removed
+        for node in sorted({g.node for pipe in pipes for g in pipe}):
             kept = tuple(tuple(g for g in pipe if g.node != node) for pipe in pipes)
             idle = tuple(d for pipe in pipes for g in pipe if g.node == node for d in g.devices)
             if any(kept):
                 yield Layout(tuple(pipe for pipe in kept if pipe), removed + idle)
-        if len(pipes) > 1:  # a pipeline left idle
+
+    def _idle_pipelines(self, layout: Layout) -> Iterator[Layout]:
+        """A pipeline left idle."""
+        pipes, removed = layout.pipelines, layout.removed
+        if len(pipes) > 1:
             for p, pipe in enumerate(pipes):
                 yield Layout(pipes[:p] + pipes[p + 1 :], removed + tuple(d for g in pipe for d in g.devices))
-        for p, pipe in enumerate(pipes):  # a stage as a pipeline of its own (one more replica)
+
+    def _stages_apart(self, layout: Layout) -> Iterator[Layout]:
+        """A stage as a pipeline of its own (one more replica), or every stage: depth into replicas."""
+        pipes, removed = layout.pipelines, layout.removed
+        for p, pipe in enumerate(pipes):
             if len(pipe) > 1:
                 for i, g in enumerate(pipe):
                     yield Layout(_replace(pipes, p, pipe[:i] + pipe[i + 1 :]) + ((g,),), removed)
-        if any(len(pipe) > 1 for pipe in pipes):  # every stage a pipeline of its own: depth into replicas
+        if any(len(pipe) > 1 for pipe in pipes):
             yield Layout(tuple((g,) for pipe in pipes for g in pipe), removed)
-        yield from self._regroupings(layout)
-        for p, pipe in enumerate(pipes):  # a group in two stages, or two stages in one group
+
+    def _splits_and_merges(self, layout: Layout) -> Iterator[Layout]:
+        """A group in two stages (an idle GPU of its node may join either), TP halved in a
+        whole pipeline (data parallelism doubled), or two neighbouring stages in one group."""
+        pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
+        for p, pipe in enumerate(pipes):
             for i, g in enumerate(pipe):
                 by_speed = sorted(g.devices, key=lambda d: (self.devices[d].rate, self.devices[d].index))
                 idle = [d for d in removed if self.devices[d].node == g.node]
@@ -116,7 +174,7 @@ class Polisher:
                     for first, second, rest in self._halves(by_speed[:a], by_speed[a:], idle, removed):
                         yield Layout(_replace(pipes, p, pipe[:i] + (first, second) + pipe[i + 1 :]), rest)
                         yield Layout(_replace(pipes, p, pipe[:i] + (second, first) + pipe[i + 1 :]), rest)
-            if all(g.t % 2 == 0 and valid(g.t // 2) for g in pipe):  # TP halved, data parallelism doubled
+            if all(g.t % 2 == 0 and valid(g.t // 2) for g in pipe):
                 halves = (
                     [self.group(g.devices[: g.t // 2]) for g in pipe],
                     [self.group(g.devices[g.t // 2 :]) for g in pipe],
@@ -126,7 +184,11 @@ class Polisher:
                 a, b = pipe[i], pipe[i + 1]
                 if a.node == b.node and valid(a.t + b.t):
                     yield _with(layout, p, pipe[:i] + (self.group(a.devices + b.devices),) + pipe[i + 2 :])
-        for d in removed:  # an idle GPU back: in a group of its node, or a stage of its own
+
+    def _restores(self, layout: Layout) -> Iterator[Layout]:
+        """An idle GPU back: in a group of its node, or a stage of its own."""
+        pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
+        for d in removed:
             node = self.devices[d].node
             rest = tuple(x for x in removed if x != d)
             for p, pipe in enumerate(pipes):
@@ -138,12 +200,18 @@ class Polisher:
                 yield Layout(_replace(pipes, p, pipe + (self.group((d,)),)), rest)
                 yield Layout(_replace(pipes, p, (self.group((d,)),) + pipe), rest)
             yield Layout(pipes + ((self.group((d,)),),), rest)
-        for pipe in pipes:  # one more pipeline of idle GPUs, shaped like one that runs
-            copy = self._copy(pipe, removed)
+
+    def _copies(self, layout: Layout) -> Iterator[Layout]:
+        """One more pipeline of idle GPUs, shaped like one that runs."""
+        for pipe in layout.pipelines:
+            copy = self._copy(pipe, layout.removed)
             if copy is not None:
-                yield Layout(pipes + (copy[0],), copy[1])
-        yield from self._whole_groups(layout)
-        if len(pipes) > 1:  # a stage to another pipeline
+                yield Layout(layout.pipelines + (copy[0],), copy[1])
+
+    def _stages_across(self, layout: Layout) -> Iterator[Layout]:
+        """A stage to the end of another pipeline."""
+        pipes = layout.pipelines
+        if len(pipes) > 1:
             for p, pipe in enumerate(pipes):
                 if len(pipe) < 2:
                     continue
@@ -151,7 +219,7 @@ class Polisher:
                     for q in range(len(pipes)):
                         if q != p:
                             moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
-                            yield Layout(_replace(moved, q, pipes[q] + (g,)), removed)
+                            yield Layout(_replace(moved, q, pipes[q] + (g,)), layout.removed)
 
     def _copy(self, pipe: tuple[Group, ...], removed: tuple[str, ...]):
         """A pipeline as deep as `pipe` from idle GPUs, each stage from the node of `pipe`'s
@@ -282,7 +350,7 @@ class Polisher:
                         if costs is None:
                             continue
                         found = score(best.devices, costs, best.removed, self.model, self.cluster)
-                        self._spend()
+                        self._spend(sum(map(len, costs)))
                         if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                             if fits_memory(found.costs, found.micro_batches, self.model):
                                 best, improved = found, True

@@ -32,10 +32,10 @@ SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 FINALISTS = 3
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
-# Layouts local search may score: many on a small cluster, where each costs microseconds; a few
-# hundred on a large one, where each costs milliseconds (64 GPUs plan in 0.2 s, 1,024 in 3 s).
-POLISH_WORK = 10_000  # divided by the usable GPUs
-POLISH_EVALUATIONS = (150, 4000)
+# Stages local search may score (a layout costs about its number of stages): 5,000 up to 64
+# GPUs, 75 a GPU past that (64 GPUs plan in 0.2 s, 1,024 in 3 s). Layouts of few, wide stages
+# are cheap, so more of them are tried.
+POLISH_STAGES = (5_000, 75)
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             before = min(f[0] for f in found)
             t, S, how, split, cut, out = key
             for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
-                try_layout((t, depth, how, split, cut, out))
+                for h in ARRANGEMENTS:  # another arrangement may be best at another depth
+                    try_layout((t, depth, h, split, cut, out))
             depths = set()  # then those near the depth reached
             at = cuts.index(cut) if cut in cuts else len(cuts) - 1
             for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
@@ -193,7 +194,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     for _, key, candidate in sorted(found, key=lambda f: f[0]):
         best_of.setdefault((key[0], key[-1]) if len(key) > 1 else key, candidate)
     ranked = list(best_of.values()) + [c for _, _, c in sorted(found, key=lambda f: f[0])]
-    budget = min(max(POLISH_WORK // len(cluster.usable), POLISH_EVALUATIONS[0]), POLISH_EVALUATIONS[1])
+    budget = max(POLISH_STAGES[0], POLISH_STAGES[1] * len(cluster.usable))
     polished = polish(ranked, cluster, model, budget, POLISH_STARTS, deadline) if ranked else None
     if polished is not None:
         found.append((polished.step_time_s, ("polished",), polished))
