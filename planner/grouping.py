@@ -49,6 +49,7 @@ def form_groups(
     split_ratio: float = math.inf,
     remove_from_rate: float = math.inf,
     left_out: frozenset[int] = frozenset(),
+    widen: bool = False,
 ) -> tuple[list[Group], list[str]]:
     """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
 
@@ -56,6 +57,8 @@ def form_groups(
     next GPU is more than `split_ratio` times slower than the group's first,
     so stragglers start groups of their own. GPUs with rate >=
     `remove_from_rate` are removed, and so are those of the nodes `left_out`.
+    `widen`: slow GPUs of one rate make groups up to `tp` x rate wide, as fast
+    as a healthy group (a node slowed 2x as one TP8 group beside TP4 ones).
     Group sizes are always valid TP sizes.
     """
     sizes = tp_degrees(cluster, model)
@@ -72,14 +75,15 @@ def form_groups(
         devices.sort(key=lambda d: (d.rate, d.index))
         i = 0
         while i < len(devices):
+            wide = max(tp, round(tp * devices[i].rate)) if widen else tp
             similar = 1
             while (
                 i + similar < len(devices)
-                and similar < tp
+                and similar < wide
                 and devices[i + similar].rate <= devices[i].rate * split_ratio
             ):
                 similar += 1
-            size = _largest_size(similar, tp, sizes)
+            size = _largest_size(similar, wide, sizes)
             members = devices[i : i + size]
             groups.append(
                 Group(

@@ -29,6 +29,9 @@ from .plan import Plan
 from .polish import polish, with_few_in_flight
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
+# How GPUs of different rates group (grouping.form_groups): stragglers apart, blind to
+# rates, or apart with slow ones in groups as much wider as they are slower.
+GROUPINGS = {"apart": (SPLIT_RATIO, False), "blind": (math.inf, False), "widened": (SPLIT_RATIO, True)}
 FINALISTS = 3
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
@@ -122,9 +125,10 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     grouped: dict[tuple, tuple] = {}
     tried: set[tuple] = set()
 
-    def groups(t: int, split: float, cut: float, out: frozenset) -> tuple:
+    def groups(t: int, split: str, cut: float, out: frozenset) -> tuple:
         if (t, split, cut, out) not in grouped:
-            grouped[t, split, cut, out] = form_groups(cluster, model, t, split, cut, out)
+            ratio, widen = GROUPINGS[split]
+            grouped[t, split, cut, out] = form_groups(cluster, model, t, ratio, cut, out, widen)
         return grouped[t, split, cut, out]
 
     def try_layout(key: tuple) -> None:
@@ -132,7 +136,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             return
         tried.add(key)
         t, S, how, split, cut, out = key
-        consider(key, _layout(cluster, model, groups(t, split, cut, out), S, how))
+        grouping = groups(t, split, cut, out)
+        same = (S, how, tuple(g.devices for g in grouping[0]), tuple(grouping[1]))
+        if same not in tried:  # other coordinates, the same groups: the same layout
+            tried.add(same)
+            consider(key, _layout(cluster, model, grouping, S, how))
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
@@ -142,12 +150,12 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     for out in weaker_nodes(cluster):
         before = len(found)
         for t in tp_degrees(cluster, model):
-            for S in stage_counts(model.layers, len(groups(t, SPLIT_RATIO, math.inf, out)[0])):
+            for S in stage_counts(model.layers, len(groups(t, "apart", math.inf, out)[0])):
                 for how in ARRANGEMENTS:
-                    try_layout((t, S, how, SPLIT_RATIO, math.inf, out))
+                    try_layout((t, S, how, "apart", math.inf, out))
         if len(found) == before:  # nothing fits as is: stragglers' own groups, or GPUs past a rate, may not
             for t in tp_degrees(cluster, model):
-                for split, cut in [(math.inf, math.inf)] + [(s, c) for c in rates for s in (SPLIT_RATIO, math.inf)]:
+                for split, cut in [("blind", math.inf)] + [(s, c) for c in rates for s in ("apart", "blind")]:
                     for S in stage_counts(model.layers, len(groups(t, split, cut, out)[0])):
                         try_layout((t, S, "rows", split, cut, out))
     # Round two: the depths between round one's, around the best layouts.
@@ -156,7 +164,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             try_layout((t, depth, how, split, cut, out))
     # Round three: removal cuts and rate-blind grouping for the best layouts.
     for _, (t, S, how, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
-        for split in (SPLIT_RATIO, math.inf):
+        for split in GROUPINGS:
             for cut in rates + [math.inf]:
                 try_layout((t, S, how, split, cut, out))
     # Round four: from the best layouts, one coordinate at a time (depth, cut, grouping, TP
@@ -174,7 +182,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             depths = set()  # then those near the depth reached
             at = cuts.index(cut) if cut in cuts else len(cuts) - 1
             for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
-                for sp in (SPLIT_RATIO, math.inf):
+                for sp in GROUPINGS:
                     try_layout((t, S, how, sp, c, out))
             for size in tp_degrees(cluster, model):
                 try_layout((size, S, how, split, cut, out))
