@@ -108,9 +108,9 @@ class Cluster:
     def device_by_id(self) -> dict[str, Device]:
         return {d.id: d for d in self.devices}
 
-    @property
-    def usable(self) -> list[Device]:
-        return [d for d in self.devices if not d.failed]
+    @cached_property
+    def usable(self) -> tuple[Device, ...]:
+        return tuple(d for d in self.devices if not d.failed)
 
     def speed(self, device: Device, mfu: float) -> float:
         """FLOP/s a device reaches: tflops * mfu / rate."""

@@ -11,7 +11,7 @@ GPUs are never used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cluster import Cluster, Device
 from .model import ModelSpec
@@ -25,10 +25,10 @@ class Group:
     memory: float  # bytes of its smallest member
     rate: float  # of its slowest member
     intra_bw: float  # bytes/s between its members (they share a node)
+    t: int = field(init=False, compare=False)  # its size, read in every inner loop of the search
 
-    @property
-    def t(self) -> int:
-        return len(self.devices)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "t", len(self.devices))
 
 
 def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
@@ -85,13 +85,14 @@ def form_groups(
                 similar += 1
             size = _largest_size(similar, wide, sizes)
             members = devices[i : i + size]
+            slowest = members[-1]  # sorted by rate: one node's GPUs differ in nothing else
             groups.append(
                 Group(
                     devices=tuple(d.id for d in sorted(members, key=lambda d: d.index)),
                     node=node,
-                    speed=min(cluster.speed(d, model.mfu) for d in members),
-                    memory=min(cluster.memory_bytes(d) for d in members),
-                    rate=max(d.rate for d in members),
+                    speed=cluster.speed(slowest, model.mfu),
+                    memory=cluster.memory_bytes(slowest),
+                    rate=slowest.rate,
                     intra_bw=cluster.link_bw(node, node),
                 )
             )
