@@ -3,9 +3,10 @@
 Round one tries every tensor-parallel size, a spread of pipeline depths and
 both arrangements with stragglers grouped apart and none removed. Round two
 fills in the depths around the best few layouts. Round three takes the best
-layouts and tries removing GPUs past each straggling rate present, and
-grouping that ignores rates. Round four climbs from the best layouts one
-coordinate at a time (depth, cut, grouping, TP size, arrangement). The
+layouts and tries removing GPUs past each straggling rate present, grouping
+that ignores rates, and grouping that widens slow GPUs' groups. Round four
+climbs from the best layouts one coordinate at a time (depth, cut, grouping,
+TP size, arrangement). The
 baselines are candidates too, so Drover's plan is never worse than what a
 Megatron-style job would run. Local search (polish.py) then edits the best
 layouts. Under a time budget, once some layout fits, no more are tried past
