@@ -45,13 +45,18 @@ def score(
 
 
 def best_partition(
-    pipelines: list[list[Group]], costs: list[list[StageCost]], removed, model: ModelSpec, cluster: Cluster
+    pipelines: list[list[Group]],
+    costs: list[list[StageCost]],
+    removed,
+    model: ModelSpec,
+    cluster: Cluster,
+    every_crossing: bool = True,
 ) -> Candidate | None:
     """The layout scored as partitioned, and split again at each common network crossing
-    (network_crossings): the fastest."""
+    (network_crossings; the median one alone unless `every_crossing`): the fastest."""
     devices = [[g.devices for g in pipe] for pipe in pipelines]
     best = score(devices, costs, removed, model, cluster)
-    for crossing in network_crossings(costs, cluster):
+    for crossing in network_crossings(costs, cluster, every_crossing):
         aligned = partition_layers(pipelines, model, cluster, crossings=crossing)
         found = score(devices, aligned, removed, model, cluster) if aligned is not None else None
         if found is not None and (best is None or found.step_time_s < best.step_time_s):

@@ -115,11 +115,12 @@ def partition_layers(
     return out
 
 
-def network_crossings(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple[int, ...]]:
+def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: bool = True) -> list[tuple[int, ...]]:
     """Common blocks at which every pipeline could pass between networks, where its pipelines
     pass through the same networks in the same order but at different blocks. A block held on
     InfiniBand in one pipeline and on RoCE in another syncs over TCP; at a common crossing each
-    block's replicas share one network. Tried: the earliest, median and latest crossing."""
+    block's replicas share one network. Tried: the earliest, median and latest crossing (the
+    median alone unless `every`)."""
     runs = [_runs([cluster.nodes[c.node].nic_class for c in row]) for row in costs]
     if len({tuple(cls for cls, _ in r) for r in runs}) != 1 or len(runs[0]) < 2:
         return []
@@ -130,7 +131,7 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster) -> list[tu
     if len(set(ends)) == 1:
         return []
     at = sorted(ends)
-    return sorted({at[0], at[len(at) // 2], at[-1]})
+    return sorted({at[0], at[len(at) // 2], at[-1]}) if every else [at[len(at) // 2]]
 
 
 def _runs(classes: list[str]) -> tuple[tuple[str, int], ...]:

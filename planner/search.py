@@ -91,7 +91,9 @@ def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
     return out
 
 
-def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str) -> Candidate | None:
+def _layout(
+    cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str, every_crossing: bool = False
+) -> Candidate | None:
     groups, removed = grouping
     if not groups:
         return None
@@ -116,7 +118,7 @@ def _layout(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: st
             costs = partition_layers(pipelines, model, cluster)
     if costs is None:
         return with_few_in_flight(pipelines, removed, cluster, model)
-    return best_partition(pipelines, costs, removed, model, cluster)
+    return best_partition(pipelines, costs, removed, model, cluster, every_crossing)
 
 
 def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None) -> Candidate:
@@ -195,6 +197,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             if step >= before * (1 - 1e-9) or best_key == key:
                 break
             key = best_key
+    # The best layouts split at every common network crossing, not only the median one.
+    for _, key, _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+        if not (deadline is not None and deadline.passed()):
+            t, S, how, split, cut, out = key
+            consider(key, _layout(cluster, model, groups(t, split, cut, out), S, how, every_crossing=True))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):  # budget or not
         consider((name,), baseline(cluster, model))
     # Local search starts from the best layout of each TP size and set of nodes, best first: hills

@@ -14,9 +14,9 @@ def _counting_layouts(monkeypatch) -> list:
     tried = []
     layout = search_module._layout
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         tried.append(args[2:])
-        return layout(*args)
+        return layout(*args, **kwargs)
 
     monkeypatch.setattr(search_module, "_layout", counted)
     return tried
