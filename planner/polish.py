@@ -106,6 +106,8 @@ class Polisher:
             self._copies,
             self._whole_groups,
             self._stages_across,
+            self._swaps_across,
+            self._joins,
         ]
 
     def _reorders(self, layout: Layout) -> Iterator[Layout]:
@@ -225,6 +227,27 @@ class Polisher:
                         if q != p:
                             moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
                             yield Layout(_replace(moved, q, pipes[q] + (g,)), layout.removed)
+
+    def _swaps_across(self, layout: Layout) -> Iterator[Layout]:
+        """Two groups unlike in size, speed or network trade places between pipelines."""
+        pipes = layout.pipelines
+        kind = {g: (g.t, g.speed, self.cluster.nodes[g.node].nic_class) for pipe in pipes for g in pipe}
+        for p, first in enumerate(pipes):
+            for q in range(p + 1, len(pipes)):
+                tried = set()
+                for i, a in enumerate(first):
+                    for j, b in enumerate(pipes[q]):
+                        if kind[a] != kind[b] and (kind[a], kind[b], i, j) not in tried:
+                            tried.add((kind[a], kind[b], i, j))
+                            yield Layout(_regroup(pipes, (p, i, b), (q, j, a)), layout.removed)
+
+    def _joins(self, layout: Layout) -> Iterator[Layout]:
+        """Two pipelines as one twice as deep: fewer replicas to sync."""
+        pipes = layout.pipelines
+        for p, first in enumerate(pipes):
+            for q in range(p + 1, len(pipes)):
+                joined = _replace(_replace(pipes, q, ()), p, first + pipes[q])
+                yield Layout(tuple(pipe for pipe in joined if pipe), layout.removed)
 
     def _copy(self, pipe: tuple[Group, ...], removed: tuple[str, ...]):
         """A pipeline as deep as `pipe` from idle GPUs, each stage from the node of `pipe`'s
