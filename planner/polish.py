@@ -216,7 +216,7 @@ class Polisher:
                 yield Layout(layout.pipelines + (copy[0],), copy[1])
 
     def _stages_across(self, layout: Layout) -> Iterator[Layout]:
-        """A stage to the end of another pipeline."""
+        """A stage to either end of another pipeline."""
         pipes = layout.pipelines
         if len(pipes) > 1:
             for p, pipe in enumerate(pipes):
@@ -227,6 +227,7 @@ class Polisher:
                         if q != p:
                             moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
                             yield Layout(_replace(moved, q, pipes[q] + (g,)), layout.removed)
+                            yield Layout(_replace(moved, q, (g,) + pipes[q]), layout.removed)
 
     def _swaps_across(self, layout: Layout) -> Iterator[Layout]:
         """Two groups unlike in size, speed or network trade places between pipelines."""
@@ -317,14 +318,15 @@ class Polisher:
                         )
 
     def _whole_groups(self, layout: Layout) -> Iterator[Layout]:
-        """Edits by whole groups: two groups of a node anywhere merged into one (two single-stage
+        """Edits by whole groups: two groups of a node anywhere merged into one, in the place of
+        either (two single-stage
         pipelines as one wider group), and a node's idle GPUs back as one group as wide as the
         model allows: a stage before or after each pipeline, or a pipeline of its own."""
         pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
         places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
-        for p, i, a in places:
+        for p, i, a in places:  # the merged group in the place of either
             for q, j, b in places:
-                if a.node == b.node and (p, i) < (q, j) and valid(a.t + b.t) and not (p == q and j == i + 1):
+                if a.node == b.node and (p, i) != (q, j) and valid(a.t + b.t) and not (p == q and abs(j - i) == 1):
                     out = [list(pipe) for pipe in pipes]
                     out[p][i] = self.group(a.devices + b.devices)
                     del out[q][j]
