@@ -22,7 +22,7 @@ from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw
 from .grouping import Group
 from .model import ModelSpec
 
-ARRANGEMENTS = ("columns", "rows")
+ARRANGEMENTS = ("columns", "ranked", "rows")
 
 
 def nic_order(cluster: Cluster) -> dict[str, int]:
@@ -41,6 +41,9 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
     columns: in network then file order, stage k of every pipeline from the
       k-th slice, so a straggler lands in one pipeline and replicas of a block
       share a network.
+    ranked: columns in network then speed order: pipeline p takes the p-th
+      fastest group of every slice, so stragglers of different slices share
+      the last pipelines.
     rows: in network then speed order, each pipeline a run of consecutive
       groups, so slow groups share pipelines (which then get fewer
       micro-batches) instead of slowing many.
@@ -49,11 +52,13 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
     cls = [rank[cluster.nodes[g.node].nic_class] for g in groups]
     if how == "columns":
         order = sorted(range(len(groups)), key=lambda i: (cls[i], groups[i].node))
+    elif how == "ranked":
+        order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed * groups[i].t, groups[i].node))
     else:
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed, groups[i].node))
     ordered = [groups[i] for i in order]
     count = max(1, min(round(len(ordered) / stages), max_pipelines))
-    if how == "columns":
+    if how != "rows":
         return [ordered[p::count] for p in range(count)]
     sizes = [len(ordered) // count + (p < len(ordered) % count) for p in range(count)]
     out, at = [], 0

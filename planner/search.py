@@ -1,7 +1,7 @@
 """The Drover planner: a search over the three phases, judged by the cost model.
 
 Round one tries every tensor-parallel size, a spread of pipeline depths and
-both arrangements with stragglers grouped apart and none removed. Round two
+every arrangement with stragglers grouped apart and none removed. Round two
 fills in the depths around the best few layouts. Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
 that ignores rates, and grouping that widens slow GPUs' groups. Round four
@@ -140,8 +140,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         tried.add(key)
         t, S, how, split, cut, out = key
         grouping = groups(t, split, cut, out)
-        same = (S, how, tuple(g.devices for g in grouping[0]), tuple(grouping[1]))
-        if same not in tried:  # other coordinates, the same groups: the same layout
+        if not grouping[0]:
+            return
+        pipelines = arrange(grouping[0], S, how, cluster, model.micro_batches)
+        same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(grouping[1]))
+        if same not in tried:  # other coordinates, the same pipelines: the same layout
             tried.add(same)
             consider(key, _layout(cluster, model, grouping, S, how))
 
