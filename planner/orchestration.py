@@ -41,9 +41,9 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
     columns: in network then file order, stage k of every pipeline from the
       k-th slice, so a straggler lands in one pipeline and replicas of a block
       share a network.
-    ranked: columns in network then speed order: pipeline p takes the p-th
-      fastest group of every slice, so stragglers of different slices share
-      the last pipelines.
+    ranked: columns in network then group-speed (speed x size) order:
+      pipeline p takes the p-th fastest group of every slice, so stragglers
+      of different slices share the last pipelines.
     rows: in network then speed order, each pipeline a run of consecutive
       groups, so slow groups share pipelines (which then get fewer
       micro-batches) instead of slowing many.

@@ -73,8 +73,12 @@ class Polisher:
             self.left = 0
 
     def at_every_crossing(self, layout: Layout, candidate: Candidate) -> Candidate:
-        """A hill top split at every common network crossing too, not only the median one."""
+        """A hill top split at every common network crossing too, not only the median one
+        (its stages off the budget; not past the deadline)."""
+        if self.deadline is not None and self.deadline.passed():
+            return candidate
         other = _candidate(layout, self.cluster, self.model, every_crossing=True)
+        self._spend(sum(map(len, layout.pipelines)))
         return other if other is not None and other.step_time_s < candidate.step_time_s else candidate
 
     # -- edits of the groups --------------------------------------------------------
@@ -224,31 +228,34 @@ class Polisher:
                     continue
                 for i, g in enumerate(pipe):
                     for q in range(len(pipes)):
-                        if q != p:
+                        if q != p and len(pipes[q]) < self.model.layers:
                             moved = _replace(pipes, p, pipe[:i] + pipe[i + 1 :])
                             yield Layout(_replace(moved, q, pipes[q] + (g,)), layout.removed)
                             yield Layout(_replace(moved, q, (g,) + pipes[q]), layout.removed)
 
     def _swaps_across(self, layout: Layout) -> Iterator[Layout]:
-        """Two groups unlike in size, speed or network trade places between pipelines."""
+        """Two groups unlike in size, speed or network trade places between pipelines; with
+        another pipeline of the same kinds of group in the same order, once (the same costs)."""
         pipes = layout.pipelines
         kind = {g: (g.t, g.speed, self.cluster.nodes[g.node].nic_class) for pipe in pipes for g in pipe}
+        shape = [tuple(kind[g] for g in pipe) for pipe in pipes]
         for p, first in enumerate(pipes):
+            tried = set()
             for q in range(p + 1, len(pipes)):
-                tried = set()
                 for i, a in enumerate(first):
                     for j, b in enumerate(pipes[q]):
-                        if kind[a] != kind[b] and (kind[a], kind[b], i, j) not in tried:
-                            tried.add((kind[a], kind[b], i, j))
+                        if kind[a] != kind[b] and (i, j, shape[q]) not in tried:
+                            tried.add((i, j, shape[q]))
                             yield Layout(_regroup(pipes, (p, i, b), (q, j, a)), layout.removed)
 
     def _joins(self, layout: Layout) -> Iterator[Layout]:
-        """Two pipelines as one twice as deep: fewer replicas to sync."""
+        """Two pipelines as one twice as deep (either first): fewer replicas to sync."""
         pipes = layout.pipelines
         for p, first in enumerate(pipes):
-            for q in range(p + 1, len(pipes)):
-                joined = _replace(_replace(pipes, q, ()), p, first + pipes[q])
-                yield Layout(tuple(pipe for pipe in joined if pipe), layout.removed)
+            for q, second in enumerate(pipes):
+                if p != q and len(first) + len(second) <= self.model.layers:
+                    joined = _replace(_replace(pipes, q, ()), p, first + second)
+                    yield Layout(tuple(pipe for pipe in joined if pipe), layout.removed)
 
     def _copy(self, pipe: tuple[Group, ...], removed: tuple[str, ...]):
         """A pipeline as deep as `pipe` from idle GPUs, each stage from the node of `pipe`'s
@@ -481,12 +488,12 @@ def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:
 
 
 def polish(
-    ranked: list[Candidate], cluster: Cluster, model: ModelSpec, max_evaluations: int, starts: int, deadline=None
+    ranked: list[Candidate], cluster: Cluster, model: ModelSpec, stages: int, starts: int, deadline=None
 ) -> Candidate | None:
     """The best plan local search reaches from the first `starts` distinct layouts of `ranked`
     (best first) within the budget; then, while budget is left, from the best few layouts one
     edit away from the best hill top (a hill next to it may be higher)."""
-    polisher = Polisher(cluster, model, max_evaluations, deadline)
+    polisher = Polisher(cluster, model, stages, deadline)
     best, top = None, None
     layouts: dict[Layout, Candidate] = {}
     for candidate in ranked:  # the same layout twice climbs the same hill

@@ -37,7 +37,7 @@ FINALISTS = 3
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
 # Stages local search may score (a layout costs about its number of stages): 5,000 up to 64
-# GPUs, 75 a GPU past that (64 GPUs plan in 0.2 s, 1,024 in 3 s). Layouts of few, wide stages
+# GPUs, 75 a GPU past that (targets: 64 GPUs in 0.2 s, 1,024 in 3 s). Layouts of few, wide stages
 # are cheap, so more of them are tried.
 POLISH_STAGES = (5_000, 75)
 
@@ -142,8 +142,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         grouping = groups(t, split, cut, out)
         if not grouping[0]:
             return
-        pipelines = arrange(grouping[0], S, how, cluster, model.micro_batches)
-        same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(grouping[1]))
+        if len(grouping[0]) <= model.micro_batches * model.layers:  # else _layout leaves some out first
+            pipelines = arrange(grouping[0], S, how, cluster, model.micro_batches)
+            same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(grouping[1]))
+        else:
+            same = ("as named", key)
         if same not in tried:  # other coordinates, the same pipelines: the same layout
             tried.add(same)
             consider(key, _layout(cluster, model, grouping, S, how))
@@ -168,7 +171,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     for _, (t, S, how, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
         for depth in range(max(1, S - 3), S + 4):
             try_layout((t, depth, how, split, cut, out))
-    # Round three: removal cuts and rate-blind grouping for the best layouts.
+    # Round three: removal cuts and the other groupings for the best layouts.
     for _, (t, S, how, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in GROUPINGS:
             for cut in rates + [math.inf]:
