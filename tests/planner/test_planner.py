@@ -10,7 +10,7 @@ from drover.planner.assignment import assign_micro_batches
 from drover.planner.cost import evaluate, validate
 from drover.planner.errors import PlanError
 from drover.planner.grouping import form_groups
-from drover.planner.orchestration import partition_layers
+from drover.planner.orchestration import arrange, partition_layers
 from drover.planner.search import SPLIT_RATIO, make_plan
 
 from support import CLUSTER_VARIANTS, make_cluster, make_model
@@ -56,6 +56,26 @@ def test_grouping_splits_by_rate_and_sizes_differ():
     assert removed == []
     _, removed = form_groups(cluster, make_model("gpt-7b"), tp=4, remove_from_rate=3.0)
     assert removed == ["n1/3", "n1/4"]
+
+
+def test_widened_grouping_makes_slow_groups_as_fast_as_healthy_ones():
+    cluster = make_cluster("slow-node")  # n3 slowed 2x
+    groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=4, split_ratio=SPLIT_RATIO, widen=True)
+    assert sorted(g.t for g in groups if g.node == 3) == [8]
+    assert {g.t for g in groups if g.node != 3} == {4}
+    assert len({g.speed * g.t for g in groups}) == 1
+    one, _ = form_groups(make_cluster("one-straggler"), make_model("gpt-7b"), tp=4, split_ratio=SPLIT_RATIO, widen=True)
+    assert sorted((g.t, g.rate) for g in one if g.node == 1) == [(1, 1.0), (1, 3.0), (2, 1.0), (4, 1.0)]  # as before
+
+
+@pytest.mark.parametrize("how, shared", [("columns", False), ("ranked", True)])
+def test_ranked_columns_put_the_stragglers_of_every_slice_in_one_pipeline(how, shared):
+    cluster = make_cluster("ib-roce", n0_0=3.0, n3_0=3.0)  # one straggler on an InfiniBand node, one on RoCE
+    groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=1, split_ratio=SPLIT_RATIO)
+    pipelines = arrange(groups, 2, how, cluster, max_pipelines=256)
+    assert all(len(p) == 2 for p in pipelines)  # stage 0 InfiniBand, stage 1 RoCE
+    holding = [p for p in pipelines if any(g.rate > 1 for g in p)]
+    assert (len(holding) == 1) == shared
 
 
 def test_hopeless_straggler_removed_failed_never_used():
