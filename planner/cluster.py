@@ -93,6 +93,15 @@ class Cluster:
         return {}
 
     @cached_property
+    def nic_order(self) -> dict[str, int]:
+        """NIC classes (Node.nic_class), fastest data-parallel network first."""
+        best: dict[str, float] = {}
+        for n in self.nodes:
+            bw = max([n.rdma_bw(t) for t in n.rdma_types] or [n.eth_bw])
+            best[n.nic_class] = max(best.get(n.nic_class, 0.0), bw)
+        return {c: r for r, c in enumerate(sorted(best, key=lambda c: (-best[c], c)))}
+
+    @cached_property
     def node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.nodes)}
 

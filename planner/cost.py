@@ -84,7 +84,15 @@ def stage_compute_s(st: StageCost, last: bool, model: ModelSpec, cluster: Cluste
 def pipeline_terms(stages: list[StageCost], model: ModelSpec, cluster: Cluster) -> tuple[float, float]:
     """(first, each): a pipeline with m micro-batches takes first + (m - 1) * each."""
     last = len(stages) - 1
-    taus = [stage_compute_s(st, k == last, model, cluster) for k, st in enumerate(stages)]
+    # stage_compute_s inlined (the search's innermost loop), the same arithmetic in the same order
+    flops, head, tp_bytes, link = model.block_flops, model.head_flops, model.activation_bytes, cluster.link_bw
+    taus = []
+    for k, st in enumerate(stages):
+        n, t = st.end - st.start, st.t
+        tau = 3 * (n * flops + (head if k == last else 0.0)) / (t * st.speed)
+        if t > 1:
+            tau += n * 4 * (2 * (t - 1) / t) * tp_bytes / link(st.node, st.node)
+        taus.append(tau)
     comms = [
         2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
         for a, b in zip(stages, stages[1:])

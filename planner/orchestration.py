@@ -25,15 +25,6 @@ from .model import ModelSpec
 ARRANGEMENTS = ("columns", "ranked", "rows")
 
 
-def nic_order(cluster: Cluster) -> dict[str, int]:
-    """NIC classes, fastest data-parallel network first."""
-    best: dict[str, float] = {}
-    for n in cluster.nodes:
-        bw = max([n.rdma_bw(t) for t in n.rdma_types] or [n.eth_bw])
-        best[n.nic_class] = max(best.get(n.nic_class, 0.0), bw)
-    return {c: r for r, c in enumerate(sorted(best, key=lambda c: (-best[c], c)))}
-
-
 def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int) -> list[list[Group]]:
     """Deal groups into pipelines of about `stages` stages (at most `max_pipelines`,
     one per micro-batch; with fewer, the pipelines grow longer).
@@ -48,7 +39,7 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
       groups, so slow groups share pipelines (which then get fewer
       micro-batches) instead of slowing many.
     """
-    rank = nic_order(cluster)
+    rank = cluster.nic_order
     cls = [rank[cluster.nodes[g.node].nic_class] for g in groups]
     if how == "columns":
         order = sorted(range(len(groups)), key=lambda i: (cls[i], groups[i].node))
