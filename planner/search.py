@@ -91,17 +91,22 @@ def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
     return out
 
 
-def _layout(
-    cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str, every_crossing: bool = False
-) -> Candidate | None:
+def _arranged(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str) -> tuple[list, list]:
+    """(pipelines, removed): the groups dealt into pipelines of about S stages; past M x L
+    groups (M pipelines of L stages at most), the slowest stay idle."""
     groups, removed = grouping
-    if not groups:
-        return None
-    usable = model.micro_batches * model.layers  # at most M pipelines of at most L stages
+    usable = model.micro_batches * model.layers
     if len(groups) > usable:
         by_speed = sorted(groups, key=lambda g: -g.speed * g.t)
         groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
-    pipelines = arrange(groups, S, how, cluster, model.micro_batches)
+    return arrange(groups, S, how, cluster, model.micro_batches), removed
+
+
+def _layout(
+    cluster: Cluster, model: ModelSpec, pipelines: list, removed: list, every_crossing: bool = False
+) -> Candidate | None:
+    """Arranged pipelines scored: blocks partitioned, stages past L or pipelines that cannot hold
+    the model alone left idle, micro-batches assigned; None if nothing fits."""
     costs = partition_layers(pipelines, model, cluster)
     if costs is None and any(len(p) > model.layers for p in pipelines):  # a stage per block at most
         for pipe in pipelines:  # the slowest groups past L stay idle
@@ -142,14 +147,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         grouping = groups(t, split, cut, out)
         if not grouping[0]:
             return
-        if len(grouping[0]) <= model.micro_batches * model.layers:  # else _layout leaves some out first
-            pipelines = arrange(grouping[0], S, how, cluster, model.micro_batches)
-            same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(grouping[1]))
-        else:
-            same = ("as named", key)
+        pipelines, removed = _arranged(cluster, model, grouping, S, how)
+        same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(removed))
         if same not in tried:  # other coordinates, the same pipelines: the same layout
             tried.add(same)
-            consider(key, _layout(cluster, model, grouping, S, how))
+            consider(key, _layout(cluster, model, pipelines, removed))
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
@@ -207,7 +209,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     for _, key, _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         if not (deadline is not None and deadline.passed()):
             t, S, how, split, cut, out = key
-            consider(key, _layout(cluster, model, groups(t, split, cut, out), S, how, every_crossing=True))
+            pipelines, removed = _arranged(cluster, model, groups(t, split, cut, out), S, how)
+            consider(key, _layout(cluster, model, pipelines, removed, every_crossing=True))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):  # budget or not
         consider((name,), baseline(cluster, model))
     # Local search starts from the best layout of each TP size and set of nodes, best first: hills
