@@ -8,8 +8,9 @@ or a wider TP group costs more than it brings; a group split in two stages or
 two merged; one block moved across a stage boundary. `polish` tries such edits
 on a layout, the kinds of edit taking turns, keeps each that lowers the step
 time, and stops when none does or its budget of stages scored is spent (so
-planning time stays bounded at 1,024 GPUs). Blocks are re-split by orchestration's partition after each edit of the
-groups, then moved one at a time by the cost model itself.
+planning time stays bounded at 1,024 GPUs). Blocks are re-split by
+orchestration's partition after each edit of the groups, then moved one at a
+time by the cost model itself.
 """
 
 from __future__ import annotations
