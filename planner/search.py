@@ -131,7 +131,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         raise PlanError("no-usable-device", f"every device of cluster {cluster.name!r} has failed")
     found: list[tuple[float, tuple, Candidate]] = []
     grouped: dict[tuple, tuple] = {}
-    tried: set[tuple] = set()
+    tried: set[tuple] = set()  # coordinates
+    scored: set[tuple] = set()  # layouts: pipelines and removed GPUs
 
     def groups(t: int, split: str, cut: float, out: frozenset) -> tuple:
         if (t, split, cut, out) not in grouped:
@@ -149,8 +150,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             return
         pipelines, removed = _arranged(cluster, model, grouping, S, how)
         same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(removed))
-        if same not in tried:  # other coordinates, the same pipelines: the same layout
-            tried.add(same)
+        if same not in scored:  # other coordinates, the same pipelines: the same layout
+            scored.add(same)
             consider(key, _layout(cluster, model, pipelines, removed))
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
