@@ -23,11 +23,32 @@ from .grouping import Group
 from .model import ModelSpec
 
 ARRANGEMENTS = ("columns", "ranked", "rows")
+# The depths of a layout's pipelines: all about equal (None), or all `stages` deep but the last,
+# which takes the rest and this many pipelines' groups more (see depths).
+ODD_PIPELINES = (None, 0, 1, 2)
 
 
-def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int) -> list[list[Group]]:
+def depths(groups: int, stages: int, max_pipelines: int, odd: int | None = None) -> list[int]:
+    """How many groups each pipeline takes.
+
+    Depths about equal make pipelines alike, but each stage holds a whole number of blocks, and
+    a pipeline waits on its fullest stage. 32 groups for 32 blocks: five pipelines of 6 or 7
+    stages wait on stages of 6 blocks; three of 7 and one of 11 on stages of 5 and 3, and the
+    deep one takes more micro-batches. One odd pipeline holds the groups a good depth leaves."""
+    count = max(1, min(round(groups / stages), max_pipelines))
+    if odd is not None:
+        count = max(1, min(-(-groups // stages) - odd, max_pipelines))
+    if odd is None or count == 1 or groups - (count - 1) * stages < 1:
+        return [groups // count + (p < groups % count) for p in range(count)]
+    return [stages] * (count - 1) + [groups - (count - 1) * stages]
+
+
+def arrange(
+    groups: list[Group], stages: int, how: str, cluster: Cluster, max_pipelines: int, odd: int | None = None
+) -> list[list[Group]]:
     """Deal groups into pipelines of about `stages` stages (at most `max_pipelines`,
-    one per micro-batch; with fewer, the pipelines grow longer).
+    one per micro-batch; with fewer, the pipelines grow longer), or with one `odd` pipeline
+    (see depths), which takes the last groups of the order.
 
     columns: in network then file order, stage k of every pipeline from the
       k-th slice, so a straggler lands in one pipeline and replicas of a block
@@ -47,15 +68,15 @@ def arrange(groups: list[Group], stages: int, how: str, cluster: Cluster, max_pi
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed * groups[i].t, groups[i].node))
     else:
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed, groups[i].node))
-    ordered = [groups[i] for i in order]
-    count = max(1, min(round(len(ordered) / stages), max_pipelines))
-    if how != "rows":
-        return [ordered[p::count] for p in range(count)]
-    sizes = [len(ordered) // count + (p < len(ordered) % count) for p in range(count)]
-    out, at = [], 0
-    for size in sizes:
-        out.append(ordered[at : at + size])
-        at += size
+    ordered = iter([groups[i] for i in order])
+    sizes = depths(len(groups), stages, max_pipelines, odd)
+    if how == "rows":
+        return [[next(ordered) for _ in range(size)] for size in sizes]
+    out: list[list[Group]] = [[] for _ in sizes]
+    for k in range(max(sizes)):  # slice k: stage k of every pipeline that deep
+        for pipe, size in zip(out, sizes):
+            if size > k:
+                pipe.append(next(ordered))
     return out
 
 

@@ -2,11 +2,12 @@
 
 Round one tries every tensor-parallel size, a spread of pipeline depths and
 every arrangement with stragglers grouped apart and none removed. Round two
-fills in the depths around the best few layouts. Round three takes the best
+fills in the depths around the best few layouts, each also with one odd pipeline
+of another depth (orchestration.depths). Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
 that ignores rates, and grouping that widens slow GPUs' groups. Round four
-climbs from the best layouts one coordinate at a time (depth, cut, grouping,
-TP size, arrangement). The
+climbs from the best layouts one coordinate at a time (depth, odd pipeline,
+cut, grouping, TP size, arrangement). The
 baselines are candidates too, so Drover's plan is never worse than what a
 Megatron-style job would run. Local search (polish.py) then edits the best
 layouts. Under a time budget, once some layout fits, no more are tried past
@@ -25,7 +26,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
-from .orchestration import ARRANGEMENTS, arrange, partition_layers
+from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, partition_layers
 from .plan import Plan
 from .polish import polish, with_few_in_flight
 
@@ -91,15 +92,17 @@ def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
     return out
 
 
-def _arranged(cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str) -> tuple[list, list]:
-    """(pipelines, removed): the groups dealt into pipelines of about S stages; past M x L
-    groups (M pipelines of L stages at most), the slowest stay idle."""
+def _arranged(
+    cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str, odd: int | None
+) -> tuple[list, list]:
+    """(pipelines, removed): the groups dealt into pipelines of about S stages (or S and one
+    odd pipeline); past M x L groups (M pipelines of L stages at most), the slowest stay idle."""
     groups, removed = grouping
     usable = model.micro_batches * model.layers
     if len(groups) > usable:
         by_speed = sorted(groups, key=lambda g: -g.speed * g.t)
         groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
-    return arrange(groups, S, how, cluster, model.micro_batches), removed
+    return arrange(groups, S, how, cluster, model.micro_batches, odd), removed
 
 
 def _layout(
@@ -144,11 +147,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         if key in tried or (found and deadline is not None and deadline.passed()):
             return
         tried.add(key)
-        t, S, how, split, cut, out = key
+        t, S, how, odd, split, cut, out = key
         grouping = groups(t, split, cut, out)
         if not grouping[0]:
             return
-        pipelines, removed = _arranged(cluster, model, grouping, S, how)
+        pipelines, removed = _arranged(cluster, model, grouping, S, how, odd)
         same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(removed))
         if same not in scored:  # other coordinates, the same pipelines: the same layout
             scored.add(same)
@@ -164,44 +167,49 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         for t in tp_degrees(cluster, model):
             for S in stage_counts(model.layers, len(groups(t, "apart", math.inf, out)[0])):
                 for how in ARRANGEMENTS:
-                    try_layout((t, S, how, "apart", math.inf, out))
+                    try_layout((t, S, how, None, "apart", math.inf, out))
         if len(found) == before:  # nothing fits as is: stragglers' own groups, or GPUs past a rate, may not
             for t in tp_degrees(cluster, model):
                 for split, cut in [("blind", math.inf)] + [(s, c) for c in rates for s in ("apart", "blind")]:
                     for S in stage_counts(model.layers, len(groups(t, split, cut, out)[0])):
-                        try_layout((t, S, "rows", split, cut, out))
-    # Round two: the depths between round one's, around the best layouts.
-    for _, (t, S, how, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+                        try_layout((t, S, "rows", None, split, cut, out))
+    # Round two: the depths between round one's, around the best layouts, and an odd pipeline.
+    for _, (t, S, how, _, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
         for depth in range(max(1, S - 3), S + 4):
-            try_layout((t, depth, how, split, cut, out))
+            for odd in ODD_PIPELINES:
+                try_layout((t, depth, how, odd, split, cut, out))
     # Round three: removal cuts and the other groupings for the best layouts.
-    for _, (t, S, how, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+    for _, (t, S, how, odd, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in GROUPINGS:
             for cut in rates + [math.inf]:
-                try_layout((t, S, how, split, cut, out))
-    # Round four: from the best layouts, one coordinate at a time (depth, cut, grouping, TP
-    # size, arrangement) until none improves: a removal cut can make another depth best.
+                try_layout((t, S, how, odd, split, cut, out))
+    # Round four: from the best layouts, one coordinate at a time (depth, odd pipeline, cut,
+    # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
     for _, key, _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
-        t, _, _, split, cut, out = key
+        t, _, _, _, split, cut, out = key
         depths = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
         while True:
             before = min(f[0] for f in found)
-            t, S, how, split, cut, out = key
+            t, S, how, odd, split, cut, out = key
             for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
+                near = abs(depth - S) <= 3
                 for h in ARRANGEMENTS:  # another arrangement may be best at another depth
-                    try_layout((t, depth, h, split, cut, out))
+                    for o in ODD_PIPELINES if near else (None,):
+                        try_layout((t, depth, h, o, split, cut, out))
             depths = set()  # then those near the depth reached
             at = cuts.index(cut) if cut in cuts else len(cuts) - 1
             for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
                 for sp in GROUPINGS:
-                    try_layout((t, S, how, sp, c, out))
+                    try_layout((t, S, how, odd, sp, c, out))
             for size in tp_degrees(cluster, model):
-                try_layout((size, S, how, split, cut, out))
+                try_layout((size, S, how, odd, split, cut, out))
             for h in ARRANGEMENTS:
-                try_layout((t, S, h, split, cut, out))
+                try_layout((t, S, h, odd, split, cut, out))
             step, best_key = min(
-                ((f[0], f[1]) for f in found if len(f[1]) == 6 and f[1][-1] == out), default=(math.inf, key)
+                ((f[0], f[1]) for f in found if len(f[1]) == 7 and f[1][-1] == out),
+                key=lambda f: f[0],
+                default=(math.inf, key),
             )
             if step >= before * (1 - 1e-9) or best_key == key:
                 break
@@ -209,8 +217,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # The best layouts split at every common network crossing, not only the median one.
     for _, key, _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         if not (deadline is not None and deadline.passed()):
-            t, S, how, split, cut, out = key
-            pipelines, removed = _arranged(cluster, model, groups(t, split, cut, out), S, how)
+            t, S, how, odd, split, cut, out = key
+            pipelines, removed = _arranged(cluster, model, groups(t, split, cut, out), S, how, odd)
             consider(key, _layout(cluster, model, pipelines, removed, every_crossing=True))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):  # budget or not
         consider((name,), baseline(cluster, model))
