@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
+from drover.planner import search
 from drover.planner.assignment import assign_micro_batches
 from drover.planner.cost import evaluate, validate
 from drover.planner.errors import PlanError
 from drover.planner.grouping import form_groups
-from drover.planner import search
 from drover.planner.orchestration import arrange, depths, partition_layers
 from drover.planner.search import SPLIT_RATIO, make_plan
 
