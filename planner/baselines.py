@@ -102,6 +102,6 @@ def drop(cluster: Cluster, model: ModelSpec) -> Candidate | None:
         return None
     # Re-resolve on the full cluster so node indices and the ideal refer to it.
     index = cluster.node_index
-    costs = [[replace(s, node=index[sub.nodes[s.node].name]) for s in row] for row in c.costs]
+    costs = [[s._replace(node=index[sub.nodes[s.node].name]) for s in row] for row in c.costs]
     removed = [d.id for d in cluster.usable if d.node in slow_nodes]
     return score(c.devices, costs, removed, model, cluster, c.micro_batches)

@@ -9,7 +9,7 @@ from .cluster import Cluster
 from .cost import StageCost, dp_sync_s, pipeline_terms, with_prediction
 from .grouping import Group
 from .model import ModelSpec
-from .orchestration import network_crossings, partition_layers
+from .orchestration import Partition, network_crossings, partition_layers
 from .plan import Pipeline, Plan, Stage
 
 
@@ -34,7 +34,7 @@ def score(
     devices, costs, removed, model: ModelSpec, cluster: Cluster, micro_batches: list[int] | None = None
 ) -> Candidate | None:
     """Assign micro-batches (unless given) and compute the step time of the cost model."""
-    terms = [pipeline_terms(row, model, cluster) for row in costs]
+    terms = costs.terms if isinstance(costs, Partition) else [pipeline_terms(row, model, cluster) for row in costs]
     if micro_batches is None:
         micro_batches = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches)
         if micro_batches is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from .cluster import Cluster
 from .errors import PlanError
@@ -20,9 +21,9 @@ MEMORY_HEADROOM = 0.9
 BYTES_PER_PARAM = 16  # bf16 weight and gradient, fp32 master, Adam m and v
 
 
-@dataclass(frozen=True)
-class StageCost:
-    """What the cost model needs of one stage: its group's node, size, speed, memory."""
+class StageCost(NamedTuple):
+    """What the cost model needs of one stage: its group's node, size, speed, memory. (A named
+    tuple: the search builds hundreds of thousands, three times faster than a dataclass.)"""
 
     node: int
     t: int
@@ -144,7 +145,7 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
     factor = 2 * (D - 1) / D
 
     def sync(params: int, stages: list[StageCost]) -> float:
-        tmin = min(s.t for s in stages)
+        tmin = min([s.t for s in stages])
         return factor * 2 * params / (tmin * min_pair_bw([s.node for s in stages], cluster))
 
     paid = [[0.0] * len(row) for row in costs]
@@ -155,10 +156,9 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         for p, row in enumerate(costs):
             while row[cursor[p]].end <= a:
                 cursor[p] += 1
-        holders = [row[cursor[p]] for p, row in enumerate(costs)]
-        per_block = sync(model.block_params, holders)
-        for p in range(D):
-            paid[p][cursor[p]] += (b - a) * per_block
+        per_block = sync(model.block_params, [row[k] for row, k in zip(costs, cursor)])
+        for row_paid, k in zip(paid, cursor):
+            row_paid[k] += (b - a) * per_block
     emb = sync(model.embedding_params, [row[0] for row in costs])
     head = sync(model.head_params, [row[-1] for row in costs])
     for row_paid in paid:

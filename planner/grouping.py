@@ -26,9 +26,11 @@ class Group:
     rate: float  # of its slowest member
     intra_bw: float  # bytes/s between its members (they share a node)
     t: int = field(init=False, compare=False)  # its size, read in every inner loop of the search
+    kind: tuple = field(init=False, compare=False)  # what a stage's cost depends on, but its node
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "t", len(self.devices))
+        object.__setattr__(self, "kind", (self.t, self.speed, self.memory, self.intra_bw))
 
 
 def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 
 from .cluster import Cluster
-from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw
+from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw, pipeline_terms
 from .grouping import Group
 from .model import ModelSpec
 
@@ -103,33 +103,45 @@ def partition_layers(
     depth = max(len(p) for p in pipelines)
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
-    position_bw = [
-        min_pair_bw([p[k].node for p in pipelines if len(p) > k], cluster)
-        if sum(len(p) > k for p in pipelines) > 1
-        else float("inf")
-        for k in range(depth)
-    ]
-    out = []
+    holders = [[p[k].node for p in pipelines if len(p) > k] for k in range(depth)]
+    positions = tuple(min_pair_bw(nodes, cluster) if len(nodes) > 1 else float("inf") for nodes in holders)
+    link = cluster.link_bw
+    out = Partition()
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
-    # kind is solved once per cluster and model (the model is kept with its answers, so its id
-    # cannot be reused while they are).
+    # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
+    # kept with its answers, so its id cannot be reused while they are).
     solved = cluster.partition_memo.setdefault(id(model), (model, {}))[1]
     for pipe in pipelines:
-        shape = tuple((g.t, g.speed, g.memory, g.intra_bw, position_bw[k]) for k, g in enumerate(pipe))
+        kinds = tuple(g.kind for g in pipe)
+        hops = tuple(link(a.node, b.node) for a, b in zip(pipe, pipe[1:]))  # the terms depend on them
         runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
-        key = (shape, runs, crossings, mu, sync_factor, in_flight)
-        if key not in solved:
+        key = (kinds, hops, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight)
+        answer = solved.get(key)
+        if answer is None:
+            shape = [kind + (bw,) for kind, bw in zip(kinds, positions)]
             terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
-            solved[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
-        counts = solved[key]
+            answer = solved[key] = [_blocks_per_stage(terms, model.layers, runs, crossings), None]
+        counts = answer[0]
         if counts is None:
             return None
         row, start = [], 0
         for g, n in zip(pipe, counts):
             row.append(StageCost(g.node, g.t, g.speed, g.memory, start, start + n))
             start += n
+        if answer[1] is None:
+            answer[1] = pipeline_terms(row, model, cluster)
         out.append(row)
+        out.terms.append(answer[1])
     return out
+
+
+class Partition(list):
+    """partition_layers's answer: per pipeline, its stages' costs; and in `terms`, each
+    pipeline's (first, each) of cost.pipeline_terms, solved once per kind of pipeline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.terms: list[tuple[float, float]] = []
 
 
 def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: bool = True) -> list[tuple[int, ...]]:

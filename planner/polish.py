@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
-from .cost import StageCost, fits_memory, pipeline_terms
+from .cost import StageCost, fits_memory
 from .grouping import Group
 from .model import ModelSpec
 from .orchestration import partition_layers
@@ -445,8 +445,7 @@ def with_few_in_flight(pipes: list[list[Group]], removed: list[str], cluster: Cl
     caps = [_most_micro_batches(row, model) for row in costs]
     if min(caps) < 1:
         return None
-    terms = [pipeline_terms(row, model, cluster) for row in costs]
-    micro = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches, caps)
+    micro = assign_micro_batches([f for f, _ in costs.terms], [e for _, e in costs.terms], model.micro_batches, caps)
     return None if micro is None else score(devices, costs, removed, model, cluster, micro)
 
 
