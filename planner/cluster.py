@@ -89,7 +89,8 @@ class Cluster:
 
     @cached_property
     def partition_memo(self) -> dict[int, tuple]:
-        """orchestration.partition_layers's answers for this cluster: id(model) -> (model, answers)."""
+        """orchestration.partition_layers's answers for this cluster: id(model) -> (model,
+        answers, block counts)."""
         return {}
 
     @cached_property

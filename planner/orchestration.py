@@ -36,11 +36,10 @@ def depths(groups: int, stages: int, max_pipelines: int, odd: int | None = None)
     stages wait on stages of 6 blocks; three of 7 and one of 11 on stages of 5 and 3, and the
     deep one takes more micro-batches. One odd pipeline holds the groups a good depth leaves."""
     count = max(1, min(round(groups / stages), max_pipelines))
-    if odd is not None:
-        count = max(1, min(-(-groups // stages) - odd, max_pipelines))
-    if odd is None or count == 1 or groups - (count - 1) * stages < 1:
+    odd_count = -(-groups // stages) - (odd or 0)
+    if odd is None or odd_count < 2 or odd_count > max_pipelines:  # no room for an odd one
         return [groups // count + (p < groups % count) for p in range(count)]
-    return [stages] * (count - 1) + [groups - (count - 1) * stages]
+    return [stages] * (odd_count - 1) + [groups - (odd_count - 1) * stages]
 
 
 def arrange(
@@ -48,7 +47,8 @@ def arrange(
 ) -> list[list[Group]]:
     """Deal groups into pipelines of about `stages` stages (at most `max_pipelines`,
     one per micro-batch; with fewer, the pipelines grow longer), or with one `odd` pipeline
-    (see depths), which takes the last groups of the order.
+    last (see depths): dealt by columns, a short one takes groups of the first slices only, a
+    deep one all of the last slices; by rows, it takes the last groups of the order.
 
     columns: in network then file order, stage k of every pipeline from the
       k-th slice, so a straggler lands in one pipeline and replicas of a block
@@ -86,8 +86,9 @@ def partition_layers(
     cluster: Cluster,
     in_flight: int = 0,
     crossings: tuple[int, ...] | None = None,
-) -> list[list[StageCost]] | None:
-    """Blocks per stage for every pipeline, or None if some pipeline cannot hold the model.
+) -> Partition | None:
+    """Blocks per stage for every pipeline (with each pipeline's terms, see Partition), or
+    None if some pipeline cannot hold the model.
     Memory is counted with `in_flight` micro-batches at most (0: M, so any split of the
     micro-batches fits; fewer lets a small GPU hold a stage of a pipeline given few).
     crossings: where every pipeline passes from one network's stages to the next's (see
@@ -110,17 +111,19 @@ def partition_layers(
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
     # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
     # kept with its answers, so its id cannot be reused while they are).
-    solved = cluster.partition_memo.setdefault(id(model), (model, {}))[1]
+    solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}))[1:]
     for pipe in pipelines:
         kinds = tuple(g.kind for g in pipe)
         hops = tuple(link(a.node, b.node) for a, b in zip(pipe, pipe[1:]))  # the terms depend on them
         runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
-        key = (kinds, hops, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight)
-        answer = solved.get(key)
-        if answer is None:
-            shape = [kind + (bw,) for kind, bw in zip(kinds, positions)]
-            terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
-            answer = solved[key] = [_blocks_per_stage(terms, model.layers, runs, crossings), None]
+        answer = solved.get((kinds, hops, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight))
+        if answer is None:  # the blocks, then, may be known without the hops
+            key = (kinds, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight)
+            if key not in blocks:
+                shape = [kind + (bw,) for kind, bw in zip(kinds, positions)]
+                terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
+                blocks[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
+            answer = solved[(kinds, hops) + key[1:]] = [blocks[key], None]
         counts = answer[0]
         if counts is None:
             return None

@@ -8,7 +8,7 @@ import pytest
 
 from drover.planner import search
 from drover.planner.assignment import assign_micro_batches
-from drover.planner.cost import evaluate, validate
+from drover.planner.cost import evaluate, pipeline_terms, validate
 from drover.planner.errors import PlanError
 from drover.planner.grouping import form_groups
 from drover.planner.orchestration import arrange, depths, partition_layers
@@ -64,8 +64,34 @@ def test_stragglers_retained(variant):
 )
 def test_depths_are_even_or_all_equal_but_one(groups, stages, odd, expected):
     assert depths(groups, stages, max_pipelines=64, odd=odd) == expected
-    assert sum(depths(groups, stages, max_pipelines=3, odd=odd)) == groups  # capped pipelines grow deeper
-    assert len(depths(groups, stages, max_pipelines=3, odd=odd)) <= 3
+    capped = depths(groups, stages, max_pipelines=3, odd=odd)  # at most 3 pipelines: they grow deeper
+    assert sum(capped) == groups and len(capped) <= 3
+    if len(expected) > 3:  # no room for the odd one: as even
+        assert capped == depths(groups, stages, max_pipelines=3)
+
+
+@pytest.mark.parametrize("how", ["columns", "rows"])
+def test_an_odd_pipeline_is_dealt_last(how):
+    cluster = make_cluster("healthy")
+    groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=2, split_ratio=SPLIT_RATIO)  # 16 groups
+    order = arrange(groups, 16, how, cluster, max_pipelines=64)[0]  # every group, in dealing order
+    deep = arrange(groups, 4, how, cluster, max_pipelines=64, odd=1)
+    assert [len(p) for p in deep] == [4, 4, 8]
+    last = order[8:] if how == "rows" else order[12:]  # columns: slices 0-3 to all, the rest to the deep one
+    assert all(g in deep[-1] for g in last)
+    short = arrange(groups, 5, how, cluster, max_pipelines=64, odd=0)
+    assert [len(p) for p in short] == [5, 5, 5, 1]
+    assert short[-1] == ([order[-1]] if how == "rows" else [order[3]])  # columns: from the first slice
+
+
+def test_partition_terms_are_the_cost_models():
+    cluster, model = make_cluster("ib-roce", n1_3=3.0), make_model("gpt-7b")
+    groups, _ = form_groups(cluster, model, tp=2, split_ratio=SPLIT_RATIO)
+    for how in ("columns", "rows"):
+        for S in range(1, 9):
+            costs = partition_layers(arrange(groups, S, how, cluster, max_pipelines=64), model, cluster)
+            if costs is not None:
+                assert costs.terms == [pipeline_terms(row, model, cluster) for row in costs]
 
 
 def test_an_odd_pipeline_holds_the_groups_an_even_depth_leaves_waiting(monkeypatch):
