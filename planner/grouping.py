@@ -52,6 +52,7 @@ def form_groups(
     remove_from_rate: float = math.inf,
     left_out: frozenset[int] = frozenset(),
     widen: bool = False,
+    narrow_slower_networks: bool = False,
 ) -> tuple[list[Group], list[str]]:
     """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
 
@@ -73,11 +74,15 @@ def form_groups(
                 removed.append(d.id)
             continue
         by_node.setdefault(d.node, []).append(d)
+    fastest = min(cluster.nic_order.values())
     for node, devices in by_node.items():
         devices.sort(key=lambda d: (d.rate, d.index))
+        own = tp
+        if narrow_slower_networks and cluster.nic_order[cluster.nodes[node].nic_class] != fastest:
+            own = max(1, tp // 2)
         i = 0
         while i < len(devices):
-            wide = max(tp, round(tp * devices[i].rate)) if widen else tp
+            wide = max(own, round(own * devices[i].rate)) if widen else own
             similar = 1
             while (
                 i + similar < len(devices)

@@ -5,7 +5,8 @@ every arrangement with stragglers grouped apart and none removed. Round two
 fills in the depths around the best few layouts, each also with one odd pipeline
 of another depth (orchestration.depths). Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
-that ignores rates, and grouping that widens slow GPUs' groups. Round four
+that ignores rates, grouping that widens slow GPUs' groups, and (with several
+networks) twice the TP size on the fastest network only. Round four
 climbs from the best layouts one coordinate at a time (depth, odd pipeline,
 cut, grouping, TP size, arrangement). The
 baselines are candidates too, so Drover's plan is never worse than what a
@@ -31,9 +32,15 @@ from .plan import Plan
 from .polish import polish, with_few_in_flight
 
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
-# How GPUs of different rates group (grouping.form_groups): stragglers apart, blind to
-# rates, or apart with slow ones in groups as much wider as they are slower.
-GROUPINGS = {"apart": (SPLIT_RATIO, False), "blind": (math.inf, False), "widened": (SPLIT_RATIO, True)}
+# How GPUs group (grouping.form_groups): stragglers apart, blind to rates, apart with slow ones
+# in groups as much wider as they are slower, or apart with half the TP size off the fastest
+# network (tried at twice the layout's TP size, with as many pipelines).
+GROUPINGS = {
+    "apart": (SPLIT_RATIO, False, False),
+    "blind": (math.inf, False, False),
+    "widened": (SPLIT_RATIO, True, False),
+    "narrowed": (SPLIT_RATIO, False, True),
+}
 FINALISTS = 3
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
@@ -139,8 +146,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
 
     def groups(t: int, split: str, cut: float, out: frozenset) -> tuple:
         if (t, split, cut, out) not in grouped:
-            ratio, widen = GROUPINGS[split]
-            grouped[t, split, cut, out] = form_groups(cluster, model, t, ratio, cut, out, widen)
+            ratio, widen, narrow = GROUPINGS[split]
+            grouped[t, split, cut, out] = form_groups(cluster, model, t, ratio, cut, out, widen, narrow)
         return grouped[t, split, cut, out]
 
     def try_layout(key: tuple) -> None:
@@ -179,10 +186,16 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             for odd in ODD_PIPELINES:
                 try_layout((t, depth, how, odd, split, cut, out))
     # Round three: removal cuts and the other groupings for the best layouts.
-    for _, (t, S, how, odd, _, _, out), _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+    networks = len(cluster.nic_order) > 1
+    for _, (t, S, how, odd, _, _, out), candidate in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in GROUPINGS:
             for cut in rates + [math.inf]:
-                try_layout((t, S, how, odd, split, cut, out))
+                if split != "narrowed":
+                    try_layout((t, S, how, odd, split, cut, out))
+                elif networks and model.tp_divides(2 * t):  # as many pipelines, wider on the fastest network
+                    count = len(candidate.costs)
+                    wider = len(groups(2 * t, split, cut, out)[0])
+                    try_layout((2 * t, max(1, round(wider / count)), how, odd, split, cut, out))
     # Round four: from the best layouts, one coordinate at a time (depth, odd pipeline, cut,
     # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
