@@ -208,8 +208,11 @@ class Membership:
     async def _grow_onto(self, node: str) -> None:
         """Offer a node that connected (new, or lost and back) to the running jobs, oldest
         first: the first whose plan the planner predicts at least min_gain faster with the
-        node's free devices grows onto them, at a step boundary (a new world of its workers)."""
+        node's free devices grows onto them, at a step boundary (a new world of its workers).
+        A drained node grows none (undraining offers it again)."""
         async with self._placing:
+            if await self.store.query(lambda s: queries.get_node(s, node).drained):
+                return
             for job in sorted(self.jobs.values(), key=lambda j: j.id):
                 if node in job.nodes or node in job.join_skipped or job.ending or node not in self.outboxes:
                     continue

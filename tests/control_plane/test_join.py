@@ -4,6 +4,8 @@ finish before the newcomer's world has formed."""
 
 from __future__ import annotations
 
+import asyncio
+
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import TINY_JOB, eventually
@@ -52,6 +54,22 @@ async def test_a_job_whose_others_finish_before_the_newcomer_starts_completes(pl
     assert cancel.job_id == job.id
     await eventually(lambda: _state(plane, job.id, state_pb2.JOB_STATE_COMPLETED), what="the job completed")
     assert (await _kinds(plane, job.id))[-1] == "job_completed"
+
+
+async def test_a_drained_node_is_not_grown_onto_until_undrained(plane):
+    first = plane.agent("node-0")
+    plane.agent("node-1")
+    await plane.connected(2)
+    await plane.jobs.DrainNode(jobs_pb2.NodeRequest(node="node-1"))
+    job = await plane.submit(LONG_JOB)
+    start = (await first.receive()).start_job
+    assert set(start.ranks) == {"node-0/0", "node-0/1"}
+    first.report(job.id, 1, {"node-0/0": 0.01, "node-0/1": 0.01})  # plan 1 commits: idle nodes are offered
+    await eventually(lambda: _has(plane, job.id, "plan_committed"), what="plan 1 committed")
+    await asyncio.sleep(0.2)  # an offer (a plan, a few ms) would have been made by now
+    assert "node_joined" not in await _kinds(plane, job.id)
+    await plane.jobs.UndrainNode(jobs_pb2.NodeRequest(node="node-1"))
+    await eventually(lambda: _has(plane, job.id, "node_joined"), what="grown onto node-1 once undrained")
 
 
 async def _state(plane, job_id, state):
