@@ -187,6 +187,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 try_layout((t, depth, how, odd, split, cut, out))
     # Round three: removal cuts and the other groupings for the best layouts.
     networks = len(cluster.nic_order) > 1
+    splits = [sp for sp in GROUPINGS if networks or sp != "narrowed"]  # one network: narrowed is apart
     for _, (t, S, how, odd, _, _, out), candidate in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
         for split in GROUPINGS:
             for cut in rates + [math.inf]:
@@ -213,7 +214,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             depths = set()  # then those near the depth reached
             at = cuts.index(cut) if cut in cuts else len(cuts) - 1
             for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
-                for sp in GROUPINGS:
+                for sp in splits:
                     try_layout((t, S, how, odd, sp, c, out))
             for size in tp_degrees(cluster, model):
                 try_layout((size, S, how, odd, split, cut, out))
