@@ -240,10 +240,7 @@ class Admission:
 
         row = await self.store.write(update)
         if not drained:
-            self.place_pending_soon()
-            for job in self.jobs.values():
-                job.join_skipped.discard(node)  # a fresh offer
-            self._soon(self._grow_onto(node), f"grow onto {node}")
+            self._offer(node)
         return row
 
     async def _running(self, job_id: str) -> RunningJob:

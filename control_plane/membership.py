@@ -39,10 +39,7 @@ class Membership:
             await self.store.write(
                 lambda s: queries.upsert_node(s, hello.node, devices, nics, hello.agent_version, hello.probe_port)
             )
-            self.place_pending_soon()  # a waiting job may fit now
-            for job in self.jobs.values():
-                job.join_skipped.discard(hello.node)  # a fresh offer
-            self._soon(self._grow_onto(hello.node), f"grow onto {hello.node}")
+            self._offer(hello.node)
             running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
             for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
                 await self.status(hello.node, ended)  # it may have ended while we were away
@@ -204,6 +201,14 @@ class Membership:
                         agent_pb2.ControlMessage(command=agent_pb2.Command(stop_workers=stop))
                     )
                 await self._recover_job(job, set(), set(silent))
+
+    def _offer(self, node: str) -> None:
+        """A node came (back) or was undrained: a waiting job may fit now, and every running
+        job hears a fresh offer of it, even one that turned it down before."""
+        self.place_pending_soon()
+        for job in self.jobs.values():
+            job.join_skipped.discard(node)
+        self._soon(self._grow_onto(node), f"grow onto {node}")
 
     async def _grow_onto(self, node: str) -> None:
         """Offer a node that connected (new, or lost and back) to the running jobs, oldest
