@@ -22,7 +22,7 @@ from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw, pipe
 from .grouping import Group
 from .model import ModelSpec
 
-ARRANGEMENTS = ("columns", "ranked", "rows")
+ARRANGEMENTS = ("columns", "ranked", "rows", "sized")
 # The depths of a layout's pipelines: all about equal (None), or all `stages` deep but the last,
 # which takes the rest and this many pipelines' groups more (see depths).
 ODD_PIPELINES = (None, 0, 1, 2)
@@ -59,18 +59,20 @@ def arrange(
     rows: in network then speed order, each pipeline a run of consecutive
       groups, so slow groups share pipelines (which then get fewer
       micro-batches) instead of slowing many.
+    sized: rows in network then group-speed order: where groups differ in
+      size, a pipeline of wide groups and one of narrow ones, not a mix.
     """
     rank = cluster.nic_order
     cls = [rank[cluster.nodes[g.node].nic_class] for g in groups]
     if how == "columns":
         order = sorted(range(len(groups)), key=lambda i: (cls[i], groups[i].node))
-    elif how == "ranked":
+    elif how in ("ranked", "sized"):
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed * groups[i].t, groups[i].node))
     else:
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed, groups[i].node))
     ordered = iter([groups[i] for i in order])
     sizes = depths(len(groups), stages, max_pipelines, odd)
-    if how == "rows":
+    if how in ("rows", "sized"):
         return [[next(ordered) for _ in range(size)] for size in sizes]
     out: list[list[Group]] = [[] for _ in sizes]
     for k in range(max(sizes)):  # slice k: stage k of every pipeline that deep

@@ -15,6 +15,7 @@ time by the cost model itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from .model import ModelSpec
 from .orchestration import partition_layers
 
 Pipelines = tuple[tuple[Group, ...], ...]
+SIGNATURE_SHARE = 8  # a layout's signature costs about this fraction of scoring it
 NEIGHBOURS = 4  # layouts next to the best hill top that local search climbs from again
 
 
@@ -44,6 +46,9 @@ class Polisher:
         self.devices = cluster.device_by_id
         self._groups: dict[tuple, Group] = {}
         self.seen: dict[Layout, Candidate | None] = {}
+        self.alike: dict[tuple, float] = {}  # step time by signature (inf: nothing fits)
+        nics = [(p, n.intra_bw, n.nic_class) for p, n in zip(cluster.network_profiles, cluster.nodes)]
+        self._links = nics  # per node, what its links and network order depend on
 
     def group(self, ids) -> Group:
         """The group of these devices (one node), cached by its members."""
@@ -63,9 +68,37 @@ class Polisher:
 
     def evaluate(self, layout: Layout) -> Candidate | None:
         if layout not in self.seen:
-            self.seen[layout] = _candidate(layout, self.cluster, self.model)
+            found = self.seen[layout] = _candidate(layout, self.cluster, self.model)
+            self.alike[self.signature(layout)] = math.inf if found is None else found.step_time_s
             self._spend(sum(map(len, layout.pipelines)))
         return self.seen[layout]
+
+    def signature(self, layout: Layout) -> tuple:
+        """What a layout's step time depends on: its pipelines (in an order of their own, but the
+        first of each depth, which sets the aligned split) as kinds of group on nodes named by
+        first appearance, each with what its links depend on. Edits alike (one stage moved in any
+        of many alike pipelines, a GPU swapped for any of its node's alike GPUs) sign alike."""
+        links = self._links
+        shapes = [tuple((g.kind, links[g.node]) for g in pipe) for pipe in layout.pipelines]
+        order = sorted(range(len(shapes)), key=shapes.__getitem__)
+        names: dict[int, int] = {}
+        rows = []
+        for p in order:
+            rows.append(
+                tuple((g.kind, links[g.node], names.setdefault(g.node, len(names))) for g in layout.pipelines[p])
+            )
+        firsts: dict[int, int] = {}
+        for p, pipe in enumerate(layout.pipelines):
+            firsts.setdefault(len(pipe), order.index(p))
+        return tuple(rows), tuple(sorted(firsts.items()))
+
+    def known_no_better(self, layout: Layout, step_s: float) -> bool:
+        """A layout alike one scored no faster than step_s (costs a fraction of scoring it)."""
+        if layout in self.seen:
+            return False  # the cache answers
+        known = self.alike.get(self.signature(layout))
+        self._spend(sum(map(len, layout.pipelines)) // SIGNATURE_SHARE)
+        return known is not None and known >= step_s * (1 - 1e-9)
 
     def _spend(self, stages: int) -> None:
         """A layout's stages off the budget; none left once past the deadline."""
@@ -364,14 +397,29 @@ class Polisher:
         improved = best is not None
         while improved and self.left > 0:
             improved = False
+            layout, best = self.weakest_first(layout, best)
             for edit in self.edits(layout):
                 if self.left <= 0:
                     break
+                if self.known_no_better(edit, best.step_time_s):
+                    continue
                 found = self.evaluate(edit)
                 if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                     layout, best, improved = edit, found, True
                     break
         return layout, best
+
+    def weakest_first(self, layout: Layout, found: Candidate) -> tuple[Layout, Candidate]:
+        """The layout with its pipelines weakest first (fewest micro-batches), if that scores as
+        well: edits go through pipelines in order, and the budget may end before the last."""
+        order = sorted(range(len(layout.pipelines)), key=lambda p: found.micro_batches[p])
+        if order == sorted(order):
+            return layout, found
+        turned = Layout(tuple(layout.pipelines[p] for p in order), layout.removed)
+        again = self.evaluate(turned)
+        if again is not None and again.step_time_s <= found.step_time_s * (1 + 1e-9):
+            return turned, again
+        return layout, found
 
     # -- blocks one at a time ---------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The Drover planner: a search over the three phases, judged by the cost model.
 
 Round one tries every tensor-parallel size, a spread of pipeline depths and
-every arrangement with stragglers grouped apart and none removed. Round two
+every arrangement but sized with stragglers grouped apart and none removed. Round two
 fills in the depths around the best few layouts, each also with one odd pipeline
 of another depth (orchestration.depths). Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
@@ -31,6 +31,10 @@ from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, partition_layer
 from .plan import Plan
 from .polish import polish, with_few_in_flight
 
+# Round one leaves "sized" out: there its layouts (often rows' alike) took the finalists' places
+# and the later rounds climbed lower hills (5% lower on two of 60 generated scenarios); round
+# four tries every arrangement at every depth.
+FIRST_ARRANGEMENTS = ("columns", "ranked", "rows")
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 # How GPUs group (grouping.form_groups): stragglers apart, blind to rates, apart with slow ones
 # in groups as much wider as they are slower, or apart with half the TP size off the fastest
@@ -173,7 +177,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         before = len(found)
         for t in tp_degrees(cluster, model):
             for S in stage_counts(model.layers, len(groups(t, "apart", math.inf, out)[0])):
-                for how in ARRANGEMENTS:
+                for how in FIRST_ARRANGEMENTS:
                     try_layout((t, S, how, None, "apart", math.inf, out))
         if len(found) == before:  # nothing fits as is: stragglers' own groups, or GPUs past a rate, may not
             for t in tp_degrees(cluster, model):

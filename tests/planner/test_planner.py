@@ -141,6 +141,18 @@ def test_narrowed_grouping_finds_a_faster_plan(monkeypatch):
     assert plan.predicted.samples_per_s >= 1.015 * make_plan(cluster, model).predicted.samples_per_s
 
 
+def test_sized_rows_keep_wide_groups_together():
+    """Widened grouping leaves node n1 (one GPU 3x slow) with TP4, TP2 and TP1 groups: rows deal
+    by per-GPU speed and mix them into one pipeline; sized deals by group speed, wide first."""
+    cluster = make_cluster("one-straggler")
+    groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=4, split_ratio=SPLIT_RATIO, widen=True)
+    sized = arrange(groups, 5, "sized", cluster, max_pipelines=64)
+    assert [[g.t for g in p] for p in sized] == [[4, 4, 4, 4, 4], [4, 4, 2, 1, 1]]
+    assert sized[1][-1].rate == 3.0  # the straggler last
+    rows = arrange(groups, 5, "rows", cluster, max_pipelines=64)
+    assert sorted(g.t for g in rows[0]) != [4] * 5
+
+
 @pytest.mark.parametrize("how, shared", [("columns", False), ("ranked", True)])
 def test_ranked_columns_put_the_stragglers_of_every_slice_in_one_pipeline(how, shared):
     cluster = make_cluster("ib-roce", n0_0=3.0, n3_0=3.0)  # one straggler on an InfiniBand node, one on RoCE

@@ -53,3 +53,36 @@ def test_identical_pipelines_give_one_swap_per_position_pair():
     # differs in kind: two swaps. Between the alike pipelines nothing differs: none.
     assert len(swaps) == 2
     assert {swap.pipelines[0][0] for swap in swaps} == {other[0], fast[1]}
+
+
+@pytest.mark.parametrize("variant", ["one-straggler", "ib-roce", "slow-node"])
+def test_layouts_that_sign_alike_take_the_same_step_time(variant):
+    """Local search skips an edit alike one already scored no faster (Polisher.known_no_better):
+    that is sound only if a signature fixes the step time."""
+    cluster = make_cluster(variant, n2_5=1.6)
+    model = make_model("gpt-1b")
+    polisher = Polisher(cluster, model, stages=10**9)
+    start = layout_of(search(cluster, model), polisher)
+    by_signature: dict[tuple, set[float]] = {}
+    for edit in polisher.edits(start):
+        found = polisher.evaluate(edit)
+        if found is not None:
+            by_signature.setdefault(polisher.signature(edit), set()).add(round(found.step_time_s, 9))
+    assert all(len(times) == 1 for times in by_signature.values())
+    assert len(by_signature) < sum(1 for _ in polisher.edits(start)) * 0.9  # alike edits are common
+
+
+def test_climbs_go_through_the_weakest_pipeline_first():
+    """The budget may end before the last pipeline's edits: the one with fewest micro-batches
+    (the straggler's) comes first, when the turned layout scores the same."""
+    cluster = make_cluster("one-straggler")
+    model = make_model("gpt-1b")
+    polisher = Polisher(cluster, model, stages=10**9)
+    plan = layout_of(search(cluster, model), polisher)
+    start = Layout(plan.pipelines[::-1], plan.removed)
+    found = polisher.evaluate(start)
+    assert found.micro_batches != sorted(found.micro_batches)
+    turned, again = polisher.weakest_first(start, found)
+    assert again.micro_batches == sorted(again.micro_batches)
+    assert again.step_time_s == pytest.approx(found.step_time_s, rel=1e-9)
+    assert sorted(turned.pipelines, key=hash) == sorted(start.pipelines, key=hash)
