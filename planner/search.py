@@ -1,8 +1,9 @@
 """The Drover planner: a search over the three phases, judged by the cost model.
 
 Round one tries every tensor-parallel size, a spread of pipeline depths and
-every arrangement but sized with stragglers grouped apart and none removed. Round two
-fills in the depths around the best few layouts, each also with one odd pipeline
+every arrangement but sized with stragglers grouped apart and none removed, once per
+set of nodes left out (weaker_nodes). Round two fills in the depths around the best few
+layouts of each set, each also with one odd pipeline
 of another depth (orchestration.depths). Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
 that ignores rates, grouping that widens slow GPUs' groups, and (with several
@@ -93,13 +94,33 @@ def cut_levels(rates: set[float]) -> list[float]:
 
 def weaker_nodes(cluster: Cluster) -> list[frozenset[int]]:
     """Nodes to leave out: none, then those of the weakest kind of GPU, then the two weakest
-    kinds, ... A kind weaker in FLOP/s or memory can cost a plan more than it brings (its
-    stages set the pace, or cannot hold the LM head), and no rate threshold removes it."""
+    kinds, ..., then the Ethernet-only nodes of a cluster with RDMA. A kind weaker in FLOP/s or
+    memory can cost a plan more than it brings (its stages set the pace, or cannot hold the LM
+    head), and so can a node whose gradients sync over TCP; no rate threshold removes them."""
     kinds = sorted({(n.gpu.tflops, n.gpu.memory_gib) for n in cluster.nodes})
     out = [frozenset()]
     for k in range(1, len(kinds)):
         weak = set(kinds[:k])
         out.append(frozenset(i for i, n in enumerate(cluster.nodes) if (n.gpu.tflops, n.gpu.memory_gib) in weak))
+    tcp = frozenset(i for i, n in enumerate(cluster.nodes) if not n.rdma_types)
+    if tcp and len(tcp) < len(cluster.nodes) and tcp not in out:
+        out.append(tcp)
+    return out
+
+
+def finalists(found: list, count: int, each: int) -> list:
+    """The `count` best layouts found, and the best `each` of every set of nodes left out:
+    layouts without the Ethernet-only nodes must not crowd out the layouts with them, nor the
+    other way round."""
+    ranked = sorted(found, key=lambda f: f[0])
+    out, taken = ranked[:count], {}
+    for entry in out:
+        taken[entry[1][-1]] = taken.get(entry[1][-1], 0) + 1
+    for entry in ranked[count:]:
+        nodes_out = entry[1][-1]
+        if taken.get(nodes_out, 0) < each:
+            taken[nodes_out] = taken.get(nodes_out, 0) + 1
+            out.append(entry)
     return out
 
 
@@ -185,14 +206,14 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                     for S in stage_counts(model.layers, len(groups(t, split, cut, out)[0])):
                         try_layout((t, S, "rows", None, split, cut, out))
     # Round two: the depths between round one's, around the best layouts, and an odd pipeline.
-    for _, (t, S, how, _, split, cut, out), _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+    for _, (t, S, how, _, split, cut, out), _ in finalists(found, FINALISTS, FINALISTS):
         for depth in range(max(1, S - 3), S + 4):
             for odd in ODD_PIPELINES:
                 try_layout((t, depth, how, odd, split, cut, out))
     # Round three: removal cuts and the other groupings for the best layouts.
     networks = len(cluster.nic_order) > 1
     splits = [sp for sp in GROUPINGS if networks or sp != "narrowed"]  # one network: narrowed is apart
-    for _, (t, S, how, odd, _, _, out), candidate in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+    for _, (t, S, how, odd, _, _, out), candidate in finalists(found, 2 * FINALISTS, 2 * FINALISTS):
         for split in GROUPINGS:
             for cut in rates + [math.inf]:
                 if split != "narrowed":
@@ -204,12 +225,12 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # Round four: from the best layouts, one coordinate at a time (depth, odd pipeline, cut,
     # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
-    for _, key, _ in sorted(found, key=lambda f: f[0])[:FINALISTS]:
+    for _, key, _ in finalists(found, FINALISTS, 1):
         t, _, _, _, split, cut, out = key
         depths = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
         while True:
-            before = min(f[0] for f in found)
             t, S, how, odd, split, cut, out = key
+            before = min(f[0] for f in found if len(f[1]) == 7 and f[1][-1] == out)  # of this node set
             for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
                 near = abs(depth - S) <= 3
                 for h in ARRANGEMENTS:  # another arrangement may be best at another depth
@@ -233,7 +254,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 break
             key = best_key
     # The best layouts split at every common network crossing, not only the median one.
-    for _, key, _ in sorted(found, key=lambda f: f[0])[: 2 * FINALISTS]:
+    for _, key, _ in finalists(found, 2 * FINALISTS, 1):
         if not (deadline is not None and deadline.passed()):
             t, S, how, odd, split, cut, out = key
             pipelines, removed = _arranged(cluster, model, groups(t, split, cut, out), S, how, odd)

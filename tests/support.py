@@ -236,6 +236,7 @@ CLUSTER_VARIANTS = {
     "slow-node": (4, ["infiniband"], {f"n3/{j}": 2.0 for j in range(8)}),
     "ib-roce": (4, ["infiniband", "roce"], {}),
     "ib-ethernet": (4, ["infiniband", "ethernet"], {}),
+    "one-ethernet": (8, ["infiniband"] * 7 + ["ethernet"], {}),  # n7 syncs over TCP only
 }
 
 MODEL_VARIANTS = {

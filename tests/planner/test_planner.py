@@ -126,6 +126,41 @@ def test_widened_grouping_makes_slow_groups_as_fast_as_healthy_ones():
     assert sorted((g.t, g.rate) for g in one if g.node == 1) == [(1, 1.0), (1, 3.0), (2, 1.0), (4, 1.0)]  # as before
 
 
+def test_finalists_keep_a_place_for_every_set_of_nodes():
+    every, without = frozenset(), frozenset({7})
+    found = [(1.0, ("a", without), None), (1.1, ("b", without), None), (1.2, ("c", every), None)]
+    found += [(1.3, ("d", without), None), (1.4, ("e", every), None)]
+    names = lambda picked: [key[0] for _, key, _ in picked]  # noqa: E731
+    assert names(search.finalists(found, 2, 2)) == ["a", "b", "c", "e"]
+    assert names(search.finalists(found, 2, 1)) == ["a", "b", "c"]
+    assert names(search.finalists(found, 3, 3)) == ["a", "b", "c", "d", "e"]
+
+
+def test_ethernet_only_nodes_are_left_out_together():
+    assert search.weaker_nodes(make_cluster("one-ethernet")) == [frozenset(), frozenset({7})]
+    assert search.weaker_nodes(make_cluster("ib-ethernet")) == [frozenset(), frozenset({1, 3})]
+    assert search.weaker_nodes(make_cluster("healthy")) == [frozenset()]
+
+
+@pytest.mark.parametrize(
+    "rates, batch, gain",
+    [
+        ({}, 512, 1.01),  # measured 1.33% faster without n7
+        ({"n0_2": 1.4}, 128, 1.0),  # 1.9% slower when layouts without n7 took every finalist's place
+    ],
+)
+def test_leaving_the_ethernet_only_node_out_is_tried_beside_keeping_it(monkeypatch, rates, batch, gain):
+    """Seven InfiniBand nodes and one Ethernet-only: gpt-1b with 512 sequences runs faster
+    without n7, whose gradients sync over TCP. Layouts without it must not take every
+    finalist's place either (search.finalists): with a straggler and 128 sequences, the best
+    plan keeps n7 and leaves the straggler out."""
+    cluster, model = make_cluster("one-ethernet", **rates), make_model("gpt-1b", global_batch=batch)
+    plan = make_plan(cluster, model)
+    only_kinds = search.weaker_nodes
+    monkeypatch.setattr(search, "weaker_nodes", lambda c: [o for o in only_kinds(c) if o != frozenset({7})])
+    assert plan.predicted.samples_per_s >= gain * make_plan(cluster, model).predicted.samples_per_s * (1 - 1e-9)
+
+
 def test_narrowed_grouping_halves_tp_off_the_fastest_network():
     cluster = make_cluster("ib-roce")  # n0, n2 InfiniBand; n1, n3 RoCE
     groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=4, narrow_slower_networks=True)
