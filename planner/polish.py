@@ -47,8 +47,8 @@ class Polisher:
         self._groups: dict[tuple, Group] = {}
         self.seen: dict[Layout, Candidate | None] = {}
         self.alike: dict[tuple, float] = {}  # step time by signature (inf: nothing fits)
-        nics = [(p, n.intra_bw, n.nic_class) for p, n in zip(cluster.network_profiles, cluster.nodes)]
-        self._links = nics  # per node, what its links and network order depend on
+        # per node, what its links and network order depend on
+        self._links = [(p, n.intra_bw, n.nic_class) for p, n in zip(cluster.network_profiles, cluster.nodes)]
 
     def group(self, ids) -> Group:
         """The group of these devices (one node), cached by its members."""
@@ -87,9 +87,10 @@ class Polisher:
             rows.append(
                 tuple((g.kind, links[g.node], names.setdefault(g.node, len(names))) for g in layout.pipelines[p])
             )
+        place = {p: i for i, p in enumerate(order)}
         firsts: dict[int, int] = {}
         for p, pipe in enumerate(layout.pipelines):
-            firsts.setdefault(len(pipe), order.index(p))
+            firsts.setdefault(len(pipe), place[p])
         return tuple(rows), tuple(sorted(firsts.items()))
 
     def known_no_better(self, layout: Layout, step_s: float) -> bool:

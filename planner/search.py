@@ -225,12 +225,18 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # Round four: from the best layouts, one coordinate at a time (depth, odd pipeline, cut,
     # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
+
+    def best_of(out: frozenset) -> tuple[float, tuple | None]:
+        """The fastest layout found with these nodes left out: (step time, coordinates)."""
+        layouts = ((f[0], f[1]) for f in found if len(f[1]) == 7 and f[1][-1] == out)
+        return min(layouts, key=lambda f: f[0], default=(math.inf, None))
+
     for _, key, _ in finalists(found, FINALISTS, 1):
         t, _, _, _, split, cut, out = key
         depths = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
         while True:
             t, S, how, odd, split, cut, out = key
-            before = min(f[0] for f in found if len(f[1]) == 7 and f[1][-1] == out)  # of this node set
+            before = best_of(out)[0]  # a climb beats its own set of nodes' best, not every set's
             for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
                 near = abs(depth - S) <= 3
                 for h in ARRANGEMENTS:  # another arrangement may be best at another depth
@@ -245,12 +251,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 try_layout((size, S, how, odd, split, cut, out))
             for h in ARRANGEMENTS:
                 try_layout((t, S, h, odd, split, cut, out))
-            step, best_key = min(
-                ((f[0], f[1]) for f in found if len(f[1]) == 7 and f[1][-1] == out),
-                key=lambda f: f[0],
-                default=(math.inf, key),
-            )
-            if step >= before * (1 - 1e-9) or best_key == key:
+            step, best_key = best_of(out)
+            if step >= before * (1 - 1e-9) or best_key in (key, None):
                 break
             key = best_key
     # The best layouts split at every common network crossing, not only the median one.
