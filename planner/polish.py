@@ -66,10 +66,12 @@ class Polisher:
             )
         return self._groups[key]
 
-    def evaluate(self, layout: Layout) -> Candidate | None:
+    def evaluate(self, layout: Layout, signature: tuple | None = None) -> Candidate | None:
+        """The layout scored (cached); `signature`, if the caller has it, spares working it out."""
         if layout not in self.seen:
             found = self.seen[layout] = _candidate(layout, self.cluster, self.model)
-            self.alike[self.signature(layout)] = math.inf if found is None else found.step_time_s
+            signature = self.signature(layout) if signature is None else signature
+            self.alike[signature] = math.inf if found is None else found.step_time_s
             self._spend(sum(map(len, layout.pipelines)))
         return self.seen[layout]
 
@@ -93,13 +95,12 @@ class Polisher:
             firsts.setdefault(len(pipe), place[p])
         return tuple(rows), tuple(sorted(firsts.items()))
 
-    def known_no_better(self, layout: Layout, step_s: float) -> bool:
-        """A layout alike one scored no faster than step_s (costs a fraction of scoring it)."""
-        if layout in self.seen:
-            return False  # the cache answers
-        known = self.alike.get(self.signature(layout))
+    def known_alike(self, layout: Layout) -> tuple[float | None, tuple]:
+        """(the step time of a layout alike already scored, or None; the layout's signature), at
+        a fraction of the cost of scoring it."""
+        signature = self.signature(layout)
         self._spend(sum(map(len, layout.pipelines)) // SIGNATURE_SHARE)
-        return known is not None and known >= step_s * (1 - 1e-9)
+        return self.alike.get(signature), signature
 
     def _spend(self, stages: int) -> None:
         """A layout's stages off the budget; none left once past the deadline."""
@@ -402,9 +403,12 @@ class Polisher:
             for edit in self.edits(layout):
                 if self.left <= 0:
                     break
-                if self.known_no_better(edit, best.step_time_s):
-                    continue
-                found = self.evaluate(edit)
+                signature = None
+                if edit not in self.seen:  # else the cache answers
+                    known, signature = self.known_alike(edit)
+                    if known is not None and known >= best.step_time_s * (1 - 1e-9):
+                        continue  # alike one no faster
+                found = self.evaluate(edit, signature)
                 if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                     layout, best, improved = edit, found, True
                     break

@@ -57,7 +57,7 @@ def test_identical_pipelines_give_one_swap_per_position_pair():
 
 @pytest.mark.parametrize("variant", ["one-straggler", "ib-roce", "slow-node"])
 def test_layouts_that_sign_alike_take_the_same_step_time(variant):
-    """Local search skips an edit alike one already scored no faster (Polisher.known_no_better):
+    """Local search skips an edit alike one already scored no faster (Polisher.known_alike):
     that is sound only if a signature fixes the step time."""
     cluster = make_cluster(variant, n2_5=1.6)
     model = make_model("gpt-1b")
