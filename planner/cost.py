@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -137,6 +138,31 @@ def _min_pair_bw(nodes: tuple[int, ...], cluster: Cluster) -> float:
     return best
 
 
+def block_holders(costs: list[list[StageCost]]) -> Iterator[tuple[int, int, list[int]]]:
+    """(a, b, the stage index holding blocks a..b-1 in each pipeline) for the runs of blocks
+    between consecutive boundaries of any pipeline: such blocks have the same holders."""
+    bounds = sorted({s.start for row in costs for s in row} | {costs[0][-1].end})
+    cursor = [0] * len(costs)
+    for a, b in zip(bounds, bounds[1:]):
+        for p, row in enumerate(costs):
+            while row[cursor[p]].end <= a:
+                cursor[p] += 1
+        yield a, b, cursor
+
+
+def stage_sync_bws(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple[float, ...]]:
+    """Per pipeline, per stage: the bandwidth its blocks' gradients sync at, as dp_sync_s pays
+    it (the slowest pair of the blocks' holders, at the narrowest holder's TP), put per GPU of
+    the stage's own TP size."""
+    out = [[math.inf] * len(row) for row in costs]
+    for _, _, holders in block_holders(costs):
+        stages = [row[k] for row, k in zip(costs, holders)]
+        bw = min_pair_bw([s.node for s in stages], cluster) * min(s.t for s in stages)
+        for row_out, s, k in zip(out, stages, holders):
+            row_out[k] = min(row_out[k], bw / s.t)
+    return [tuple(row) for row in out]
+
+
 def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
     """T_dp: the largest gradient all-reduce time any device pays."""
     D = len(costs)
@@ -149,15 +175,9 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         return factor * 2 * params / (tmin * min_pair_bw([s.node for s in stages], cluster))
 
     paid = [[0.0] * len(row) for row in costs]
-    # Blocks between consecutive boundaries (of any pipeline) have the same holders.
-    bounds = sorted({s.start for row in costs for s in row} | {model.layers})
-    cursor = [0] * D
-    for a, b in zip(bounds, bounds[1:]):
-        for p, row in enumerate(costs):
-            while row[cursor[p]].end <= a:
-                cursor[p] += 1
-        per_block = sync(model.block_params, [row[k] for row, k in zip(costs, cursor)])
-        for row_paid, k in zip(paid, cursor):
+    for a, b, holders in block_holders(costs):
+        per_block = sync(model.block_params, [row[k] for row, k in zip(costs, holders)])
+        for row_paid, k in zip(paid, holders):
             row_paid[k] += (b - a) * per_block
     emb = sync(model.embedding_params, [row[0] for row in costs])
     head = sync(model.head_params, [row[-1] for row in costs])

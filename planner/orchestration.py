@@ -88,6 +88,7 @@ def partition_layers(
     cluster: Cluster,
     in_flight: int = 0,
     crossings: tuple[int, ...] | None = None,
+    sync_bws: list[tuple[float, ...]] | None = None,
 ) -> Partition | None:
     """Blocks per stage for every pipeline (with each pipeline's terms, see Partition), or
     None if some pipeline cannot hold the model.
@@ -95,6 +96,8 @@ def partition_layers(
     micro-batches fits; fewer lets a small GPU hold a stage of a pipeline given few).
     crossings: where every pipeline passes from one network's stages to the next's (see
     network_crossings), the blocks of each network's run of stages fixed by them.
+    sync_bws: per pipeline, per stage, the bandwidth its gradients sync at (cost.stage_sync_bws
+    of an earlier split); without it, the slowest link between the stages of the same index.
 
     Per pipeline, minimises max_k (n_k * w_k + e_k), where w_k is the stage's
     time per block (compute, tensor-parallel all-reduces, and its share of the
@@ -114,15 +117,16 @@ def partition_layers(
     # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
     # kept with its answers, so its id cannot be reused while they are).
     solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}))[1:]
-    for pipe in pipelines:
+    for p, pipe in enumerate(pipelines):
+        at = sync_bws[p] if sync_bws else positions[: len(pipe)]
         kinds = tuple(g.kind for g in pipe)
         hops = tuple(link(a.node, b.node) for a, b in zip(pipe, pipe[1:]))  # the terms depend on them
         runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
-        answer = solved.get((kinds, hops, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight))
+        answer = solved.get((kinds, hops, at, runs, crossings, mu, sync_factor, in_flight))
         if answer is None:  # the blocks, then, may be known without the hops
-            key = (kinds, positions[: len(pipe)], runs, crossings, mu, sync_factor, in_flight)
+            key = (kinds, at, runs, crossings, mu, sync_factor, in_flight)
             if key not in blocks:
-                shape = [kind + (bw,) for kind, bw in zip(kinds, positions)]
+                shape = [kind + (bw,) for kind, bw in zip(kinds, at)]
                 terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
                 blocks[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
             answer = solved[(kinds, hops) + key[1:]] = [blocks[key], None]

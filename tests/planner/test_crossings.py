@@ -3,10 +3,15 @@ on InfiniBand in one pipeline and on RoCE in another would sync its gradients ov
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from drover.planner.candidate import best_partition, score
-from drover.planner.cost import dp_sync_s
+from drover.planner.cost import dp_sync_s, min_pair_bw, stage_sync_bws
 from drover.planner.grouping import form_groups
 from drover.planner.orchestration import network_crossings, partition_layers
+from drover.planner.polish import Polisher
 
 from support import make_cluster, make_model
 
@@ -60,3 +65,50 @@ def test_each_network_run_gets_the_blocks_between_its_crossings():
             assert _crossing(row, cluster) == crossing and row[-1].end == model.layers
     assert split > 20
     assert partition_layers(pipes, model, cluster, crossings=(10, 20)) is None  # two crossings: not these networks
+
+
+def _held_at(costs, cluster, p, k):
+    """Brute force: the slowest sync of any block of stage (p, k), per GPU of its TP size."""
+    stage, worst = costs[p][k], math.inf
+    for block in range(stage.start, stage.end):
+        holders = [next(c for c in row if c.start <= block < c.end) for row in costs]
+        bw = min_pair_bw([c.node for c in holders], cluster) * min(c.t for c in holders) / stage.t
+        worst = min(worst, bw)
+    return worst
+
+
+def _unlike_depths(cluster, model):
+    """Pipelines of 3, 4 and 5 stages on InfiniBand nodes, each ending on one GPU of n7, which
+    has no RDMA: the n7 stages sync inside n7, the others over InfiniBand, if their blocks
+    line up."""
+    polisher = Polisher(cluster, model, stages=0)
+    shapes = (
+        [["n0/0", "n0/1"], ["n1/0", "n1/1"]],
+        [["n2/0"], ["n3/0"], ["n4/0"]],
+        [["n5/0"], ["n6/0"], ["n5/1"], ["n6/1"]],
+    )
+    return [[polisher.group(ids) for ids in shape] + [polisher.group([f"n7/{p}"])] for p, shape in enumerate(shapes)]
+
+
+def test_stage_sync_bandwidths_are_those_of_each_stages_blocks_holders():
+    cluster, model = make_cluster("one-ethernet", n2_0=1.5), make_model()
+    costs = partition_layers(_unlike_depths(cluster, model), model, cluster)
+    bws = stage_sync_bws(costs, cluster)
+    assert [len(row) for row in bws] == [3, 4, 5]
+    for p, row in enumerate(costs):
+        for k in range(len(row)):
+            assert bws[p][k] == pytest.approx(_held_at(costs, cluster, p, k))
+    assert len({bw for row in bws for bw in row}) > 1
+
+
+def test_pipelines_of_unlike_depths_are_split_again_by_what_their_blocks_sync_at():
+    cluster, model = make_cluster("one-ethernet"), make_model(global_batch=64)
+    pipes = _unlike_depths(cluster, model)
+    devices = [[g.devices for g in pipe] for pipe in pipes]
+    first = partition_layers(pipes, model, cluster)  # stage k's sync as the stages of index k pay it
+    again = partition_layers(pipes, model, cluster, sync_bws=stage_sync_bws(first, cluster))
+    assert again != first
+    best = best_partition(pipes, first, [], model, cluster)
+    splits = [first] + [partition_layers(pipes, model, cluster, crossings=c) for c in network_crossings(first, cluster)]
+    assert best.step_time_s < min(score(devices, s, [], model, cluster).step_time_s for s in splits) * 0.99
+    assert best.step_time_s <= score(devices, again, [], model, cluster).step_time_s
