@@ -59,7 +59,7 @@ def best_partition(
     than one network."""
     devices = [[g.devices for g in pipe] for pipe in pipelines]
     # On one network the holders of a stage index sync at about one bandwidth whatever blocks
-    # they hold: splitting again there changed no plan of 120 scenarios and cost a third more time.
+    # they hold: splitting again there changed one plan of 120 generated scenarios, by 0.06%.
     unlike = len(cluster.nic_order) > 1 and len({len(row) for row in costs}) > 1
     best = None
     for crossing in [None, *network_crossings(costs, cluster, every_crossing)]:
