@@ -27,10 +27,15 @@ class Group:
     intra_bw: float  # bytes/s between its members (they share a node)
     t: int = field(init=False, compare=False)  # its size, read in every inner loop of the search
     kind: tuple = field(init=False, compare=False)  # what a stage's cost depends on, but its node
+    _hash: int = field(init=False, compare=False, repr=False)  # local search hashes layouts of groups
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "t", len(self.devices))
         object.__setattr__(self, "kind", (self.t, self.speed, self.memory, self.intra_bw))
+        object.__setattr__(self, "_hash", hash((self.devices, self.node, self.speed, self.memory, self.rate)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
