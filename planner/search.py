@@ -49,7 +49,7 @@ GROUPINGS = {
 }
 FINALISTS = 3
 # Round four also climbs from each TP size's best layout this close to the best: farther ones
-# never climbed past it in the gap cases and seeds measured, and cost a third more layouts.
+# never climbed past it in the gap cases and seeds measured, and cost about 40% more work.
 CLIMB_BAND = 1.03
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
@@ -131,8 +131,8 @@ def finalists(found: list, count: int, each: int) -> list:
 def climb_starts(found: list) -> list:
     """Where round four climbs from: the finalists, and the best layout of each TP size and set
     of nodes left out within CLIMB_BAND of the best. The finalists are often one hill reached
-    from other coordinates; another TP size's best can climb to a better one (gap case 178 of
-    bench/gap_cases.json: 2% faster)."""
+    from other coordinates; another TP size's best can climb to a better one (generated scenario
+    178 of seed 0: 2% faster)."""
     starts = finalists(found, FINALISTS, 1)
     best = min(f[0] for f in found) if found else math.inf
     per_size: dict[tuple, tuple] = {}
