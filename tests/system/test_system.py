@@ -61,6 +61,13 @@ def events_of(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
 
+def timeline(events: list[dict]) -> str:
+    """The job's events, one short line each: what a failed assertion shows of a timing-dependent run."""
+    keys = ("node", "device", "plan_version", "from", "seconds")
+    lines = (f"step {e['step']:>4} {e['kind']} " + " ".join(f"{k}={e[k]}" for k in keys if k in e) for e in events)
+    return "\n".join(lines)
+
+
 def work_of(plan: dict, device: str) -> float:
     """Blocks x micro-batches a device runs under a plan, shared among its TP group."""
     return sum(
@@ -551,7 +558,7 @@ def test_a_node_killed_mid_job_is_survived_and_the_model_equals_the_reference(re
     assert [last[s] for s in range(60)] == pytest.approx(reference, rel=1e-5)
 
 
-@pytest.mark.parametrize("faults", [["--join", "node-2@8"], ["--kill", "node-1@6", "--join", "node-1@12"]])
+@pytest.mark.parametrize("faults", [["--join", "node-2@2"], ["--kill", "node-1@6", "--join", "node-1@12"]])
 def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference(faults, tmp_path):
     """A new node (node-2) joins, or a killed node comes back: the job grows onto it at a step
     boundary, its workers receive their parts from the others, and the model is the reference's."""
@@ -566,12 +573,14 @@ def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference
     drover_up(job_file, out, *faults)
     events = events_of(out)
     joined = faults[-1].split("@")[0]
-    (event,) = [e for e in events if e["kind"] == "node_joined"]
+    joins = [e for e in events if e["kind"] == "node_joined"]
+    assert len(joins) == 1, timeline(events)
+    event = joins[0]
     assert event["node"] == joined and len(event["devices"]) == 2
     committed = [e for e in events if e["kind"] == "plan_committed" and e["plan_version"] == event["plan_version"]]
     assert committed and any(
         joined in d for p in committed[0]["plan"]["pipelines"] for s in p["stages"] for d in s["devices"]
-    )
+    ), timeline(events)
     assert_equals_reference(out, job_file, tmp_path)
 
 
