@@ -49,6 +49,26 @@ def _largest_size(count: int, tp: int, sizes: list[int]) -> int:
     return max(s for s in sizes if s <= min(count, tp))
 
 
+def _group_count(count: int, tp: int, sizes: list[int]) -> int:
+    """How many groups `count` alike GPUs make, largest valid size up to `tp` first."""
+    groups = 0
+    while count:
+        count -= _largest_size(count, tp, sizes)
+        groups += 1
+    return groups
+
+
+def _packed_size(count: int, tp: int, sizes: list[int]) -> int:
+    """The first group's size when `count` alike GPUs make fewer groups with one of them up to
+    half as wide again as `tp` (7 GPUs at TP 4 with TP 5 valid: 5 + 2, not 4 + 2 + 1); 0 when
+    no such group makes fewer."""
+    fewest, best = _group_count(count, tp, sizes), 0
+    for size in (s for s in sizes if tp < s <= min(count, 1.5 * tp)):
+        if 1 + _group_count(count - size, tp, sizes) < fewest:
+            fewest, best = 1 + _group_count(count - size, tp, sizes), size
+    return best
+
+
 def form_groups(
     cluster: Cluster,
     model: ModelSpec,
@@ -58,6 +78,7 @@ def form_groups(
     left_out: frozenset[int] = frozenset(),
     widen: bool = False,
     narrow_slower_networks: bool = False,
+    pack: bool = False,
 ) -> tuple[list[Group], list[str]]:
     """Groups of (up to) `tp` GPUs per node, and the ids of GPUs left out.
 
@@ -67,6 +88,8 @@ def form_groups(
     `remove_from_rate` are removed, and so are those of the nodes `left_out`.
     `widen`: slow GPUs of one rate make groups up to `tp` x rate wide, as fast
     as a healthy group (a node slowed 2x as one TP8 group beside TP4 ones).
+    `pack`: alike GPUs that `tp` does not divide (a node with a failed GPU) make fewer groups,
+    one of them wider, where a valid size allows it (7 GPUs: 5 + 2, not 4 + 2 + 1): a stage fewer.
     Group sizes are always valid TP sizes.
     """
     sizes = tp_degrees(cluster, model)
@@ -96,6 +119,11 @@ def form_groups(
             ):
                 similar += 1
             size = _largest_size(similar, wide, sizes)
+            if pack:
+                alike = similar
+                while i + alike < len(devices) and devices[i + alike].rate <= devices[i].rate * split_ratio:
+                    alike += 1
+                size = _packed_size(alike, wide, sizes) or size
             members = devices[i : i + size]
             slowest = members[-1]  # sorted by rate: one node's GPUs differ in nothing else
             groups.append(

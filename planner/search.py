@@ -39,13 +39,15 @@ from .polish import polish, with_few_in_flight
 FIRST_ARRANGEMENTS = ("columns", "ranked", "rows")
 SPLIT_RATIO = 1.1  # GPUs within 10% of each other share a TP group
 # How GPUs group (grouping.form_groups): stragglers apart, blind to rates, apart with slow ones
-# in groups as much wider as they are slower, or apart with half the TP size off the fastest
-# network (tried at twice the layout's TP size, with as many pipelines).
+# in groups as much wider as they are slower, apart with half the TP size off the fastest
+# network (tried at twice the layout's TP size, with as many pipelines), or apart with a node's
+# GPUs that the TP size does not divide in fewer groups, one wider (7 at TP 4: 5 + 2).
 GROUPINGS = {
-    "apart": (SPLIT_RATIO, False, False),
-    "blind": (math.inf, False, False),
-    "widened": (SPLIT_RATIO, True, False),
-    "narrowed": (SPLIT_RATIO, False, True),
+    "apart": {"split_ratio": SPLIT_RATIO},
+    "blind": {"split_ratio": math.inf},
+    "widened": {"split_ratio": SPLIT_RATIO, "widen": True},
+    "narrowed": {"split_ratio": SPLIT_RATIO, "narrow_slower_networks": True},
+    "packed": {"split_ratio": SPLIT_RATIO, "pack": True},
 }
 FINALISTS = 3
 # Round four also climbs from each TP size's best layout this close to the best: farther ones
@@ -188,8 +190,9 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
 
     def groups(t: int, split: str, cut: float, out: frozenset) -> tuple:
         if (t, split, cut, out) not in grouped:
-            ratio, widen, narrow = GROUPINGS[split]
-            grouped[t, split, cut, out] = form_groups(cluster, model, t, ratio, cut, out, widen, narrow)
+            grouped[t, split, cut, out] = form_groups(
+                cluster, model, t, remove_from_rate=cut, left_out=out, **GROUPINGS[split]
+            )
         return grouped[t, split, cut, out]
 
     def try_layout(key: tuple) -> None:

@@ -127,6 +127,24 @@ def test_widened_grouping_makes_slow_groups_as_fast_as_healthy_ones():
     assert sorted((g.t, g.rate) for g in one if g.node == 1) == [(1, 1.0), (1, 3.0), (2, 1.0), (4, 1.0)]  # as before
 
 
+def test_packed_grouping_makes_a_group_fewer_where_tp_does_not_divide_a_node():
+    """n0 lost a GPU: at TP 4 its 7 make 4 + 2 + 1, packed 5 + 2 where the model splits 5 ways
+    (one stage fewer), and as before where it does not. Whole nodes keep TP 4."""
+    cluster = make_cluster("failed")  # 4 nodes of 8, n0/5 failed
+
+    def sizes(model, **how):
+        groups, _ = form_groups(cluster, model, tp=4, split_ratio=SPLIT_RATIO, **how)
+        return [sorted(g.t for g in groups if g.node == n) for n in range(4)]
+
+    five_ways = make_model("gpt-7b", hidden=5120, heads=40, ffn_hidden=20480)
+    assert sizes(five_ways) == [[1, 2, 4], [4, 4], [4, 4], [4, 4]]
+    assert sizes(five_ways, pack=True) == [[2, 5], [4, 4], [4, 4], [4, 4]]
+    assert sizes(make_model("gpt-7b"), pack=True) == [[1, 2, 4], [4, 4], [4, 4], [4, 4]]  # no TP 5
+    slow = make_cluster("failed", n0_0=1.5, n0_1=1.5)  # 5 healthy GPUs left: one group of 5
+    groups, _ = form_groups(slow, five_ways, tp=4, split_ratio=SPLIT_RATIO, pack=True)
+    assert sorted((g.t, g.rate) for g in groups if g.node == 0) == [(2, 1.5), (5, 1.0)]
+
+
 def test_finalists_keep_a_place_for_every_set_of_nodes():
     every, without = frozenset(), frozenset({7})
     found = [(1.0, ("a", without), None), (1.1, ("b", without), None), (1.2, ("c", every), None)]
