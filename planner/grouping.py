@@ -123,7 +123,8 @@ def form_groups(
                 alike = similar
                 while i + alike < len(devices) and devices[i + alike].rate <= devices[i].rate * split_ratio:
                     alike += 1
-                size = _packed_size(alike, wide, sizes) or size
+                if alike > wide and alike % wide:  # else the groups up to `wide` are fewest
+                    size = _packed_size(alike, wide, sizes) or size
             members = devices[i : i + size]
             slowest = members[-1]  # sorted by rate: one node's GPUs differ in nothing else
             groups.append(
