@@ -13,7 +13,10 @@ by the same ratio for Drover's plan on the same cluster with every rate 1.0.
 Optimum ratio = Drover's throughput / the best throughput the reference search
 (bench/reference_search.py: local search from Drover's plan and the baselines,
 every candidate scored by the cost model) finds within the budget. E_ref is the
-reference's plan's E (same denominator as Drover's E), i.e. what is reachable.
+reference's plan's E (same denominator as Drover's E), i.e. what is reachable:
+the E targets are read where the reference reaches them (the 5th percentile of E
+over the scenarios whose E_ref is at least 0.95; no E below 0.90 where E_ref is
+at least 0.90).
 The worst cases go to bench/gap_cases.json (scenario, both plans, what differs).
 """
 
@@ -293,6 +296,10 @@ def generated_bench(count: int, seed: int, budget: float | None, evals: int, wor
     reachable_090 = [r["id"] for r in rows if r["E"] < 0.90 <= r["E_ref"]]
     reachable_095 = [r["id"] for r in rows if r["E"] < 0.95 <= r["E_ref"]]
     p5_E, p5_ref = distribution(E)["p5"], distribution(E_ref)["p5"]
+    # Where the reference reaches E 0.95, Drover's E: the 5th-percentile target is read on these,
+    # as the minimum's is on those where it reaches 0.90. (The reference climbs from Drover's
+    # plan, so its E is never lower: over all scenarios Drover's p5 can only match the reference's.)
+    reachable = [r["E"] for r in rows if r["E_ref"] >= 0.95]
     return {
         "scenarios": len(rows),
         "seed": seed,
@@ -305,9 +312,11 @@ def generated_bench(count: int, seed: int, budget: float | None, evals: int, wor
         "below_0.999": sum(x < 0.999 for x in ratios),
         "reachable_E_0.90_missed": reachable_090,
         "reachable_E_0.95_missed": len(reachable_095),
+        "E_where_0.95_reachable": {"scenarios": len(reachable), **(distribution(reachable) if reachable else {})},
         "targets": {
             "ratio_min_ge_0.99": min(ratios) >= 0.99,
-            "E_p5_ge_0.95_where_reachable": p5_E >= min(0.95, p5_ref),
+            "E_p5_ge_0.95_where_reachable": bool(reachable) and distribution(reachable)["p5"] >= 0.95,
+            "E_p5_ge_reference_p5_overall": p5_E >= min(0.95, p5_ref),
             "E_min_ge_0.90_where_reachable": not reachable_090,
         },
         "improving_moves": dict(sorted(moves.items(), key=lambda kv: -kv[1])),
