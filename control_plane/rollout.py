@@ -19,12 +19,19 @@ from .coordinator import Observation, Proposal
 from .running import RunningJob, log, log_event
 from .validation import FailedPrecondition
 
+WORLD_CHANGE_POLL_S = 0.05
+
 
 class Rollouts:
     async def _reconcile_forever(self, job: RunningJob) -> None:
         while True:
             await job.wake.wait()
             job.wake.clear()
+            # A recovery or growth under way has its new generation before its nodes and ranks
+            # are stored: decide once it is done, for the world it makes. Not by taking its lock:
+            # a job it ends waits for this task.
+            while job.world_change.locked() and not job.ending:
+                await asyncio.sleep(WORLD_CHANGE_POLL_S)
             if job.ending:
                 return
             while job.forced and job.forced[0][1].done():
