@@ -77,9 +77,13 @@ def test_metrics_show_the_straggler_and_the_plan_version(tmp_path):
         agent = scrape(c.metrics["node-1"])
         assert value(agent["drover_agent_connected"], node="node-1") == 1
         assert value(agent["drover_agent_workers"], node="node-1", job_id=job.id) == 2
-        straggler = value(agent["drover_agent_device_compute_seconds_per_block"], job_id=job.id, device="node-1/0")
-        healthy = value(agent["drover_agent_device_compute_seconds_per_block"], job_id=job.id, device="node-1/1")
-        assert healthy > 0 and (straggler == 0 or straggler > healthy)  # left idle by the new plan, or slower
+        agents = {"node-0": scrape(c.metrics["node-0"]), "node-1": agent}
+        per_block = {node: seen["drover_agent_device_compute_seconds_per_block"] for node, seen in agents.items()}
+        compute = {f"{n}/{i}": value(per_block[n], job_id=job.id, device=f"{n}/{i}") for n in agents for i in range(2)}
+        straggler = compute.pop("node-1/0")
+        # Healthy devices the plan uses (on a loaded machine a noisy one may be left idle too).
+        busy = [seconds for seconds in compute.values() if seconds]
+        assert busy and (straggler == 0 or straggler > min(busy)), compute  # left idle by the new plan, or slower
         c.stub.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
     # Structured logs (--log-format json): one object a line, lifecycle events with their fields.
     server_log = [json.loads(line) for line in (tmp_path / "logs" / "server.log").read_text().splitlines()]
