@@ -64,8 +64,8 @@ def _packed_size(count: int, tp: int, sizes: list[int]) -> int:
     no such group makes fewer."""
     fewest, best = _group_count(count, tp, sizes), 0
     for size in (s for s in sizes if tp < s <= min(count, 1.5 * tp)):
-        if 1 + _group_count(count - size, tp, sizes) < fewest:
-            fewest, best = 1 + _group_count(count - size, tp, sizes), size
+        if (groups := 1 + _group_count(count - size, tp, sizes)) < fewest:
+            fewest, best = groups, size
     return best
 
 
@@ -111,20 +111,12 @@ def form_groups(
         i = 0
         while i < len(devices):
             wide = max(own, round(own * devices[i].rate)) if widen else own
-            similar = 1
-            while (
-                i + similar < len(devices)
-                and similar < wide
-                and devices[i + similar].rate <= devices[i].rate * split_ratio
-            ):
-                similar += 1
-            size = _largest_size(similar, wide, sizes)
-            if pack:
-                alike = similar
-                while i + alike < len(devices) and devices[i + alike].rate <= devices[i].rate * split_ratio:
-                    alike += 1
-                if alike > wide and alike % wide:  # else the groups up to `wide` are fewest
-                    size = _packed_size(alike, wide, sizes) or size
+            alike = 1  # sorted by rate: the GPUs from i on within split_ratio of the first
+            while i + alike < len(devices) and devices[i + alike].rate <= devices[i].rate * split_ratio:
+                alike += 1
+            size = _largest_size(alike, wide, sizes)
+            if pack and alike > wide and alike % wide:  # else the groups up to `wide` are fewest
+                size = _packed_size(alike, wide, sizes) or size
             members = devices[i : i + size]
             slowest = members[-1]  # sorted by rate: one node's GPUs differ in nothing else
             groups.append(
