@@ -39,6 +39,9 @@ _PEER_LOST = re.compile(
     r"NCCL communicator was aborted|ProcessGroupNCCL.*(error|abort)|Socket Timeout|connect(ion)? refused",
     re.IGNORECASE,
 )
+# Every collective, in the world's group and in the groups made from it (new_group would take
+# torch's 30 minutes): past it a peer that never answers counts as lost.
+COLLECTIVE_TIMEOUT_S = 300
 WORLD_FILE = re.compile(r"world-(\d+)\.json")
 
 

@@ -17,9 +17,7 @@ import torch.distributed as dist
 from . import layout
 from .checkpoint import complete_checkpoints, find_checkpoint
 from .checkpoint import read_meta as read_checkpoint_meta
-from .recovery import World, peer_lost, rendezvous_store, wait_for_world
-
-COLLECTIVE_TIMEOUT_S = 300
+from .recovery import COLLECTIVE_TIMEOUT_S, World, peer_lost, rendezvous_store, wait_for_world
 
 
 class LeftOut(Exception):
@@ -64,7 +62,10 @@ class Rejoining:
     def _leave_world(self) -> None:
         """Close every group, so that peers still waiting on this worker fail fast too."""
         self.groups, self.tp_pg, self.sync_pgs, self.p2p_pgs = {}, None, [], {}
-        for module in self.parts.values():  # TP hooks hold their group
+        # TP hooks hold their group: those of the blocks held now, and in the middle of a switch
+        # those of the blocks of the plan before it (kept to go back to), given away or not.
+        held = list(self.parts.values()) + (list(self.previous[2].values()) if self.previous else [])
+        for module in held:
             if hasattr(module, "enter"):
                 module.enter, module.exit = torch.nn.Identity(), torch.nn.Identity()
         try:

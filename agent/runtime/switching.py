@@ -4,6 +4,7 @@ nodes share (links.py). A mixin of worker.Worker, whose state it shares."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from .links import bound_to, interface_for
 from .migration import migrate, summarize
 from .model import build_part
 from .parts import empty_part
+from .recovery import COLLECTIVE_TIMEOUT_S
 from .tensor_parallel import join_group
 
 _HELD = object()  # _switch's default: what the current plan holds
@@ -118,5 +120,5 @@ class Switching:
         if key not in self.groups:
             nodes = {device.split("/")[0] for device, rank in self.ranks.items() if rank in key}
             with bound_to(interface_for(nodes, self.network)):
-                self.groups[key] = dist.new_group(list(key))
+                self.groups[key] = dist.new_group(list(key), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         return self.groups[key]

@@ -45,8 +45,8 @@ from .links import enter_namespace, network_layout
 from .model import config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import warm_up
-from .recovery import World, newest_world, peer_lost, rendezvous_store
-from .rejoining import COLLECTIVE_TIMEOUT_S, LeftOut, Rejoining
+from .recovery import COLLECTIVE_TIMEOUT_S, World, newest_world, peer_lost, rendezvous_store
+from .rejoining import LeftOut, Rejoining
 from .schedule import Stats, run_stage
 from .switching import Switching
 from .tensor_parallel import WaitClock, split_dim

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import time
 from pathlib import Path
@@ -205,3 +206,70 @@ def test_what_survives_of_a_plan():
 def test_only_transport_failures_count_as_a_lost_peer(message, lost):
     assert peer_lost(RuntimeError(message)) is lost
     assert not peer_lost(ValueError(message))
+
+
+def _leave_holding_a_group_in_the_plan_before_a_switch(init: str, started, done) -> None:
+    """Rank 0: its TP group is held only by blocks of the plan it switched from (a switch not
+    yet committed when the peer was lost); it leaves the world and stays alive."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from drover.agent.runtime.tensor_parallel import WaitClock, join_group
+    from drover.agent.runtime.worker import Worker
+
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=2, timeout=datetime.timedelta(seconds=60))
+    tp = dist.new_group([0, 1])
+    block = torch.nn.Module()
+    block.enter = block.exit = torch.nn.Identity()
+    join_group(block, tp, WaitClock())
+    worker = object.__new__(Worker)  # only the state _leave_world reads
+    worker.groups, worker.tp_pg, worker.sync_pgs, worker.p2p_pgs = {(0, 1): tp}, tp, [], {}
+    worker.parts, worker.previous = {}, (None, 0, {0: block}, {}, {}, None)
+    del tp, block
+    started.wait(30)
+    time.sleep(1.0)  # rank 1 is blocked in the all-reduce by now
+    worker._leave_world()
+    done.wait(90)
+
+
+def _wait_in_the_old_group(init: str, started, result) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=20))
+    tp = dist.new_group([0, 1])
+    began = time.perf_counter()
+    started.set()
+    try:
+        dist.all_reduce(torch.ones(4), group=tp)
+        result.put(("completed", time.perf_counter() - began))
+    except RuntimeError as exc:
+        result.put((str(exc)[:200], time.perf_counter() - began))
+
+
+def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held(tmp_path):
+    """A worker that loses a peer in the middle of a switch still holds the blocks of the plan
+    before it (to go back to them). Their TP hooks must not keep the old world's groups, and
+    so their sockets, alive: a peer blocked in that group learns the world is gone at once,
+    not at the collective timeout."""
+    ctx = worker_context()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    started, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
+    leaving = ctx.Process(target=_leave_holding_a_group_in_the_plan_before_a_switch, args=(init, started, done))
+    waiting = ctx.Process(target=_wait_in_the_old_group, args=(init, started, result))
+    leaving.start()
+    waiting.start()
+    try:
+        outcome, seconds = result.get(timeout=40)
+    except queue.Empty:
+        pytest.fail("the peer was still blocked after 40 s: the leaving worker kept the group open")
+    finally:
+        done.set()
+        for proc in (leaving, waiting):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert peer_lost(RuntimeError(outcome)), outcome
+    assert seconds < 20, f"the peer waited {seconds:.0f} s"
