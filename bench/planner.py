@@ -54,6 +54,8 @@ NICS = {
 }
 MODELS = {name: load_model(ROOT / "examples" / "models" / f"{name}.yaml") for name in ("gpt-3.6b", "gpt-7b", "gpt-70b")}
 DEFAULT_EVALS = 20_000  # reference search budget per scenario: about 1-8 s here (2 shared cores)
+# Issue 15: the planning times the planner keeps, worst shape and model, on this machine.
+PLANNING_TARGET_S = {64: 0.2, 1024: 3.0}
 SEQS_PER_GPU = {"gpt-3.6b": 8, "gpt-7b": 8, "gpt-70b": 16}  # weak scaling of the global batch
 
 
@@ -430,7 +432,6 @@ def main() -> None:
         stragglers = straggler_bench(sizes)
         nic = nic_bench(sizes)
         timing = timing_bench(timing_sizes)
-        limits = {64: 1.0, 1024: 10.0}
         nic_ref = nic_reference_bench(sizes, budget, evals, args.seed)
         report |= {
             "straggler_retention": stragglers,
@@ -438,7 +439,8 @@ def main() -> None:
             "min_ib_roce_retention": min(r["retention_vs_all_ib"] for r in nic if r["mix"] == "infiniband+roce"),
             "ib_roce_retention_vs_reference": nic_ref,
             "planning_time": timing,
-            "planning_time_within_limits": all(r["worst_seconds"] <= limits[r["gpus"]] for r in timing),
+            "planning_time_targets_s": PLANNING_TARGET_S,
+            "planning_time_targets_met": all(r["worst_seconds"] <= PLANNING_TARGET_S[r["gpus"]] for r in timing),
         }
     if count:
         progress = sys.stderr if args.progress else None

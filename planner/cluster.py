@@ -88,6 +88,11 @@ class Cluster:
         return {}
 
     @cached_property
+    def hops_memo(self) -> dict[tuple[int, ...], tuple[float, ...]]:
+        """A pipeline's link bandwidths between consecutive stages, by its stages' nodes."""
+        return {}
+
+    @cached_property
     def partition_memo(self) -> dict[int, tuple]:
         """orchestration.partition_layers's answers for this cluster: id(model) -> (model,
         answers, block counts)."""

@@ -174,13 +174,20 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         tmin = min([s.t for s in stages])
         return factor * 2 * params / (tmin * min_pair_bw([s.node for s in stages], cluster))
 
+    emb = sync(model.embedding_params, [row[0] for row in costs])
+    head = sync(model.head_params, [row[-1] for row in costs])
+    first = costs[0]
+    starts = [s.start for s in first]
+    if all([s.start for s in row] == starts for row in costs):  # aligned: stage k holds the same blocks everywhere
+        paid = [(s.end - s.start) * sync(model.block_params, column) for s, column in zip(first, zip(*costs))]
+        paid[0] += emb
+        paid[-1] += head
+        return max(paid)
     paid = [[0.0] * len(row) for row in costs]
     for a, b, holders in block_holders(costs):
         per_block = sync(model.block_params, [row[k] for row, k in zip(costs, holders)])
         for row_paid, k in zip(paid, holders):
             row_paid[k] += (b - a) * per_block
-    emb = sync(model.embedding_params, [row[0] for row in costs])
-    head = sync(model.head_params, [row[-1] for row in costs])
     for row_paid in paid:
         row_paid[0] += emb
         row_paid[-1] += head

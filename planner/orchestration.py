@@ -109,9 +109,10 @@ def partition_layers(
     depth = max(len(p) for p in pipelines)
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
-    holders = [[p[k].node for p in pipelines if len(p) > k] for k in range(depth)]
+    nodes_of = [tuple([g.node for g in pipe]) for pipe in pipelines]
+    holders = [[nodes[k] for nodes in nodes_of if len(nodes) > k] for k in range(depth)]
     positions = tuple(min_pair_bw(nodes, cluster) if len(nodes) > 1 else float("inf") for nodes in holders)
-    link = cluster.link_bw
+    link, hops_of = cluster.link_bw, cluster.hops_memo
     out = Partition()
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
     # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
@@ -120,7 +121,10 @@ def partition_layers(
     for p, pipe in enumerate(pipelines):
         at = sync_bws[p] if sync_bws else positions[: len(pipe)]
         kinds = tuple(g.kind for g in pipe)
-        hops = tuple(link(a.node, b.node) for a, b in zip(pipe, pipe[1:]))  # the terms depend on them
+        nodes = nodes_of[p]
+        hops = hops_of.get(nodes)  # the terms depend on them
+        if hops is None:
+            hops = hops_of[nodes] = tuple([link(a, b) for a, b in zip(nodes, nodes[1:])])
         runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
         answer = solved.get((kinds, hops, at, runs, crossings, mu, sync_factor, in_flight))
         if answer is None:  # the blocks, then, may be known without the hops
@@ -159,6 +163,8 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
     InfiniBand in one pipeline and on RoCE in another syncs over TCP; at a common crossing each
     block's replicas share one network. Tried: the earliest, median and latest crossing (the
     median alone unless `every`)."""
+    if len(cluster.nic_order) < 2:  # one network: nothing to cross
+        return []
     runs = [_runs([cluster.nodes[c.node].nic_class for c in row]) for row in costs]
     if len({tuple(cls for cls, _ in r) for r in runs}) != 1 or len(runs[0]) < 2:
         return []
@@ -223,10 +229,23 @@ def _split(weights: list[float], extras: list[float], caps: list[int], blocks: i
     S = len(weights)
     if S > blocks or min(caps) < 1 or sum(caps) < blocks:
         return None
-    counts = [1] * S
-    heap = [(2 * weights[k] + extras[k], k) for k in range(S) if caps[k] > 1]
+    # Blocks go one at a time to the stage whose time stays lowest. A stage's times only grow, so
+    # the blocks are added in order of the times they make: those at or below the level where the
+    # stages balance unclamped come first, and are counted at once (exactly as the heap would).
+    level = (blocks + sum([e / w for w, e in zip(weights, extras)])) / sum([1 / w for w in weights])
+    counts = []
+    for w, e, cap in zip(weights, extras, caps):
+        c = max(1, min(cap, int((level - e) / w)))
+        while c > 1 and c * w + e > level:
+            c -= 1
+        while c < cap and (c + 1) * w + e <= level:
+            c += 1
+        counts.append(c)
+    if sum(counts) > blocks:  # one block each already overshoots: from the bottom
+        counts = [1] * S
+    heap = [((counts[k] + 1) * weights[k] + extras[k], k) for k in range(S) if counts[k] < caps[k]]
     heapq.heapify(heap)
-    for _ in range(blocks - S):
+    for _ in range(blocks - sum(counts)):
         _, k = heapq.heappop(heap)
         counts[k] += 1
         if counts[k] < caps[k]:
