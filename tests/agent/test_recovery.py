@@ -249,7 +249,7 @@ def _wait_in_the_old_group(init: str, started, result) -> None:
         result.put((str(exc)[:200], time.perf_counter() - began))
 
 
-def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held(tmp_path):
+def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held():
     """A worker that loses a peer in the middle of a switch still holds the blocks of the plan
     before it (to go back to them). Their TP hooks must not keep the old world's groups, and
     so their sockets, alive: a peer blocked in that group learns the world is gone at once,
