@@ -25,9 +25,16 @@ def even_split(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, D: int):
-    """Megatron's rank order: rank = stage * (D * t) + pipeline * t + tp_rank."""
+def per_device(cluster: Cluster, model: ModelSpec) -> tuple[list[float], list[float]]:
+    """Every device's speed and memory, in file order: uniform scores many layouts of one cluster."""
+    return [cluster.speed(d, model.mfu) for d in cluster.devices], [cluster.memory_bytes(d) for d in cluster.devices]
+
+
+def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, D: int, figures: tuple | None = None):
+    """Megatron's rank order: rank = stage * (D * t) + pipeline * t + tp_rank. `figures`: the
+    cluster's per_device, if the caller has them."""
     devices = cluster.devices
+    speeds, memories = figures or per_device(cluster, model)
     bounds = [0]
     for n in even_split(model.layers, S):
         bounds.append(bounds[-1] + n)
@@ -42,8 +49,8 @@ def _layout(cluster: Cluster, model: ModelSpec, t: int, S: int, D: int):
                 StageCost(
                     group[0].node,
                     t,
-                    min(cluster.speed(d, model.mfu) for d in group),
-                    min(cluster.memory_bytes(d) for d in group),
+                    min(speeds[first : first + t]),
+                    min(memories[first : first + t]),
                     bounds[k],
                     bounds[k + 1],
                 )
@@ -57,6 +64,7 @@ def uniform(cluster: Cluster, model: ModelSpec) -> Candidate | None:
     """The uniform baseline evaluated on the cluster as it is (None if nothing fits)."""
     healthy = cluster.with_rates({})
     world = len(cluster.devices)
+    figures = per_device(healthy, model)
     best = None
     for t in tp_degrees(cluster, model):
         if any(n.gpus % t for n in cluster.nodes):
@@ -67,7 +75,7 @@ def uniform(cluster: Cluster, model: ModelSpec) -> Candidate | None:
             D = world // (t * S)
             if D > model.micro_batches:
                 continue
-            ids, costs = _layout(healthy, model, t, S, D)
+            ids, costs = _layout(healthy, model, t, S, D, figures)
             micro = even_split(model.micro_batches, D)
             if not fits_memory(costs, micro, model):
                 continue

@@ -192,19 +192,34 @@ def _runs(classes: list[str]) -> tuple[tuple[str, int], ...]:
 def _stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
     """Per stage: time per block w_k, the LM head's time e_k, and the most blocks memory holds."""
     S = len(shape)
-    weights, extras, caps = [], [], []
-    for k, (t, speed, memory, intra_bw, sync_bw) in enumerate(shape):
+    weights, extras = [], []
+    for k, (t, speed, _, intra_bw, sync_bw) in enumerate(shape):
         w = 3 * model.block_flops / (t * speed)
         if t > 1:
             w += 4 * (2 * (t - 1) / t) * model.activation_bytes / intra_bw
         w += sync_factor / (t * sync_bw) / mu
         weights.append(w)
         extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
-        # Section 5's memory, solved for n, with the most micro-batches in flight (m = M).
+    return weights, extras, _block_caps(shape, model, in_flight)
+
+
+def _block_caps(kinds: tuple, model: ModelSpec, in_flight: int) -> list[int]:
+    """Per stage, of its group kind (t, speed, memory, ...), the most blocks its memory holds:
+    section 5's memory solved for n, with `in_flight` micro-batches at most."""
+    S = len(kinds)
+    caps = []
+    for k, (t, _, memory, *_) in enumerate(kinds):
         fixed = BYTES_PER_PARAM * (model.embedding_params * (k == 0) + model.head_params * (k == S - 1))
         per_block = BYTES_PER_PARAM * model.block_params + min(S - k, in_flight) * model.block_activation_memory
         caps.append(int((MEMORY_HEADROOM * memory * t - fixed) // per_block))
-    return weights, extras, caps
+    return caps
+
+
+def holds_model(pipe: list[Group], model: ModelSpec) -> bool:
+    """Whether one pipeline alone holds the model, every micro-batch in flight: what
+    partition_layers([pipe]) is not None says, without splitting the blocks."""
+    caps = _block_caps(tuple(g.kind for g in pipe), model, model.micro_batches)
+    return len(pipe) <= model.layers and min(caps) >= 1 and sum(caps) >= model.layers
 
 
 def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int] | None:

@@ -29,7 +29,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
-from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, partition_layers
+from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, holds_model, partition_layers
 from .plan import Plan
 from .polish import polish, with_few_in_flight
 
@@ -170,7 +170,7 @@ def _layout(
                 removed = removed + list(slowest.devices)
         costs = partition_layers(pipelines, model, cluster)
     if costs is None:  # a pipeline that cannot hold the model alone (too short, too small) stays idle
-        fits = [partition_layers([p], model, cluster) is not None for p in pipelines]
+        fits = [holds_model(p, model) for p in pipelines]
         if any(fits) and not all(fits):
             removed = removed + [d for p, ok in zip(pipelines, fits) if not ok for g in p for d in g.devices]
             pipelines = [p for p, ok in zip(pipelines, fits) if ok]

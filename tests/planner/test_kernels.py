@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drover.planner.cost import StageCost, dp_sync_s, min_pair_bw
-from drover.planner.orchestration import _split
+from drover.planner.grouping import form_groups
+from drover.planner.orchestration import _split, holds_model, partition_layers
 
 from support import make_cluster, make_model
 
@@ -105,3 +106,20 @@ def layouts(draw):
 @given(layouts())
 def test_dp_sync_equals_its_definition_block_by_block(costs):
     assert math.isclose(dp_sync_s(costs, MODEL, CLUSTER), dp_sync_by_block(costs, MODEL, CLUSTER), rel_tol=1e-12)
+
+
+# Stragglers and failed GPUs make groups of several sizes; 32 A100s hold gpt-7b only in pipelines
+# of a few stages or more, and fewer the more micro-batches are in flight.
+HOLDING = make_cluster("failed", n1_3=3.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8]), st.data(), st.sampled_from([1, 8]), st.sampled_from([2, 16, 64]))
+def test_holds_model_says_what_partitioning_one_pipeline_says(tp, data, micro_batch, micro_batches):
+    """Micro-batches of 8 sequences: activations in flight weigh as much as the weights; 8
+    blocks: pipelines deeper than a stage per block."""
+    layers = data.draw(st.sampled_from([8, 32]))
+    model = make_model("gpt-7b", layers=layers, micro_batch=micro_batch, global_batch=micro_batch * micro_batches)
+    groups, _ = form_groups(HOLDING, model, tp, split_ratio=1.1)
+    pipe = data.draw(st.permutations(groups))[: data.draw(st.integers(1, len(groups)))]
+    assert holds_model(pipe, model) == (partition_layers([pipe], model, HOLDING) is not None)
