@@ -218,8 +218,12 @@ def _block_caps(kinds: tuple, model: ModelSpec, in_flight: int) -> list[int]:
 def holds_model(pipe: list[Group], model: ModelSpec) -> bool:
     """Whether one pipeline alone holds the model, every micro-batch in flight: what
     partition_layers([pipe]) is not None says, without splitting the blocks."""
-    caps = _block_caps(tuple(g.kind for g in pipe), model, model.micro_batches)
-    return len(pipe) <= model.layers and min(caps) >= 1 and sum(caps) >= model.layers
+    return _room_for(_block_caps(tuple(g.kind for g in pipe), model, model.micro_batches), model.layers)
+
+
+def _room_for(caps: list[int], blocks: int) -> bool:
+    """Whether stages of these caps hold `blocks` blocks, each stage at least one."""
+    return len(caps) <= blocks and min(caps) >= 1 and sum(caps) >= blocks
 
 
 def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int] | None:
@@ -242,7 +246,7 @@ def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int
 
 def _split(weights: list[float], extras: list[float], caps: list[int], blocks: int) -> list[int] | None:
     S = len(weights)
-    if S > blocks or min(caps) < 1 or sum(caps) < blocks:
+    if not _room_for(caps, blocks):
         return None
     # Blocks go one at a time to the stage whose time stays lowest. A stage's times only grow, so
     # the blocks are added in order of the times they make: those at or below the level where the
