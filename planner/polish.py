@@ -5,12 +5,12 @@ pipelines, the fastest first); the cost model then judges them. Some better
 plans are one or two edits away from what the rules build: the strongest group
 last, where the LM head is; a healthy GPU left idle because another pipeline
 or a wider TP group costs more than it brings; a group split in two stages or
-two merged; one block moved across a stage boundary. `polish` tries such edits
+two merged. `polish` tries such edits
 on a layout, the kinds of edit taking turns, keeps each that lowers the step
 time, and stops when none does or its budget of stages scored is spent (so
 planning time stays bounded at 1,024 GPUs). Blocks are re-split by
-orchestration's partition after each edit of the groups, then moved one at a
-time by the cost model itself.
+orchestration's partition after each edit of the groups; single blocks are
+moved later, by the closing descent (walk.refine).
 """
 
 from __future__ import annotations
@@ -366,32 +366,6 @@ class Polisher:
             return turned, again
         return layout, found
 
-    # -- blocks one at a time ---------------------------------------------------------
-
-    def shift_blocks(self, candidate: Candidate) -> Candidate:
-        """Move single blocks across stage boundaries while the cost model says it helps."""
-        best = candidate
-        improved = True
-        while improved and self.left > 0:
-            improved = False
-            for p, row in enumerate(best.costs):
-                for k in range(len(row) - 1):
-                    for delta in (1, -1):  # a block from stage k to k+1, or back
-                        costs = _shifted(best.costs, p, k, delta)
-                        if costs is None:
-                            continue
-                        found = score(best.devices, costs, best.removed, self.model, self.cluster)
-                        self._spend(sum(map(len, costs)))
-                        if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
-                            if fits_memory(found.costs, found.micro_batches, self.model):
-                                best, improved = found, True
-                                break
-                    if improved or self.left <= 0:
-                        break
-                if improved or self.left <= 0:
-                    break
-        return best
-
 
 def _with(layout: Layout, p: int, pipe: tuple[Group, ...], removed: tuple[str, ...] | None = None) -> Layout:
     return Layout(_replace(layout.pipelines, p, pipe), layout.removed if removed is None else removed)
@@ -463,18 +437,6 @@ def _most_micro_batches(row: list[StageCost], model: ModelSpec) -> int:
     return 0
 
 
-def _shifted(costs: list[list[StageCost]], p: int, k: int, delta: int) -> list[list[StageCost]] | None:
-    """Stage k of pipeline p gives one block to stage k+1 (delta 1) or takes one (delta -1)."""
-    a, b = costs[p][k], costs[p][k + 1]
-    boundary = a.end - delta
-    if not (a.start < boundary < b.end):
-        return None
-    row = list(costs[p])
-    row[k] = StageCost(a.node, a.t, a.speed, a.memory, a.start, boundary)
-    row[k + 1] = StageCost(b.node, b.t, b.speed, b.memory, boundary, b.end)
-    return costs[:p] + [row] + costs[p + 1 :]
-
-
 def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:
     pipes = tuple(tuple(polisher.group(ids) for ids in row) for row in candidate.devices)
     return Layout(pipes, tuple(candidate.removed))
@@ -513,7 +475,6 @@ def polish(
         found = polisher.at_every_crossing(peak, found)
         if top is None or found.step_time_s < top[1].step_time_s * (1 - 1e-9):
             top = (peak, found)
-        found = polisher.shift_blocks(found)
         if best is None or found.step_time_s < best.step_time_s:
             best = found
     for candidate in layouts.values():
