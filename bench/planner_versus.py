@@ -118,7 +118,9 @@ def main() -> None:
     parser.add_argument("--against", default="HEAD", help="git revision of the other planner (default HEAD)")
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 1024], help="cluster sizes timed")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="models timed")
-    parser.add_argument("--rounds", type=int, default=2, help="times each shape is planned by each version")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="times each shape is planned by each version (0: compare plans only)"
+    )
     parser.add_argument("--scenarios", type=int, default=60, help="generated scenarios whose plans are compared")
     parser.add_argument("--seed", type=int, default=2, help="seed of the generated scenarios")
     args = parser.parse_args()
@@ -126,7 +128,7 @@ def main() -> None:
         versions = {args.against: Version(planner_at(args.against, Path(tmp))), "working tree": Version(drover.planner)}
         report = {
             "against": args.against,
-            "planning_time": timing(versions, args.gpus, args.models, args.rounds),
+            "planning_time": timing(versions, args.gpus, args.models, args.rounds) if args.rounds else [],
             "plans": plans(versions, args.scenarios, args.seed),
         }
     print(json.dumps(report, indent=1))

@@ -8,7 +8,6 @@ each pipeline's memory bounding its count. A change re-scores only the pipelines
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import Counter
 
@@ -51,18 +50,7 @@ def assign(F: np.ndarray, E: np.ndarray, C: np.ndarray, M: int) -> np.ndarray | 
         counts = np.array(assign_micro_batches(F.tolist(), E.tolist(), M), dtype=np.int64)
     if (counts <= C).all():
         return counts
-    # The unbounded optimum clamped to the caps is below some bounded optimum
-    # (whose level can only be higher), so adding one at a time from there is exact.
-    counts = np.minimum(counts, C).tolist()
-    f, e, c = F.tolist(), E.tolist(), C.tolist()
-    heap = [(f[p] + counts[p] * e[p], p) for p in range(D) if counts[p] < c[p]]
-    heapq.heapify(heap)
-    for _ in range(M - sum(counts)):
-        _, p = heapq.heappop(heap)
-        counts[p] += 1
-        if counts[p] < c[p]:
-            heapq.heappush(heap, (f[p] + counts[p] * e[p], p))
-    return np.array(counts, dtype=np.int64)
+    return np.array(assign_micro_batches(F.tolist(), E.tolist(), M, C.tolist()), dtype=np.int64)
 
 
 class State:
