@@ -28,13 +28,22 @@ pytestmark = pytest.mark.slow  # processes: a control plane, agents and gloo wor
 TINY_JOB = ROOT / "examples" / "jobs" / "tiny.yaml"
 
 
-def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> None:
+REFERENCES: dict[str, Path] = {}  # a job (as loaded, paths resolved) -> its reference run's folder
+
+
+def assert_equals_reference(out: Path, job_file: Path, tmp: Path) -> Path:
+    """The model of a run equals the single-process reference's for its job, trained once per
+    job in the session (several tests run the same job); returns the reference's folder."""
     spec = load_job(job_file, ModelReader())
-    train_reference(spec.model, spec.training, tmp / "reference")
-    want, got = torch.load(tmp / "reference" / "model.pt"), torch.load(out / "model.pt")
+    key = repr((spec.model, spec.training))
+    if key not in REFERENCES:
+        train_reference(spec.model, spec.training, tmp / "reference")
+        REFERENCES[key] = tmp / "reference"
+    want, got = torch.load(REFERENCES[key] / "model.pt"), torch.load(out / "model.pt")
     assert want.keys() == got.keys()
-    for key in want:
-        assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
+    for name in want:
+        assert ((got[name] - want[name]).norm() / want[name].norm()).item() < 1e-4, name
+    return REFERENCES[key]
 
 
 def drover_up(job_file: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -549,8 +558,8 @@ def test_a_node_killed_mid_job_is_survived_and_the_model_equals_the_reference(re
     if recovered_from == "replicas":
         assert recovered["steps_redone"] == 0
     assert f"from {recovered_from}" in run.stdout  # the summary's recoveries line
-    assert_equals_reference(out, job_file, tmp_path)
-    reference = [json.loads(line)["loss"] for line in (tmp_path / "reference" / "trace.jsonl").read_text().splitlines()]
+    reference_dir = assert_equals_reference(out, job_file, tmp_path)
+    reference = [json.loads(line)["loss"] for line in (reference_dir / "trace.jsonl").read_text().splitlines()]
     last = {}
     for line in (out / "trace.jsonl").read_text().splitlines():
         row = json.loads(line)
