@@ -109,7 +109,10 @@ class Walk:
 
 def refine(candidate: Candidate, cluster: Cluster, model: ModelSpec, evals: int, deadline=None) -> Candidate:
     """The candidate after a descent of `evals` random moves (seed 0: the same inputs, the same
-    plan), each taken if it lowers the step time; the candidate itself if none does."""
+    plan), each taken if it lowers the step time; the candidate itself if none does (or if
+    `evals` is 0)."""
+    if evals < 1:
+        return candidate
     sp = Space(cluster, model)
     pipes = [
         Pipe(tuple(sp.group(ids) for ids in row), (0, *(c.end for c in costs)))

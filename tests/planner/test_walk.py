@@ -105,3 +105,4 @@ def test_refine_speeds_up_a_plan_validly_and_the_same_each_time():
     assert plan.predicted.step_time_s == pytest.approx(runs[0].step_time_s, rel=1e-9)
     assert plan.predicted.step_time_s < start.predicted.step_time_s * 0.95
     assert plan.to_dict() == runs[1].to_plan("drover", c, MODEL).to_dict()
+    assert refine(candidate, c, MODEL, evals=0) is candidate  # REFINE_EVALS = 0: no descent
