@@ -5,9 +5,9 @@ any size that model.tp_divides allows, not only powers of two) and the block bou
 stages, plus the usable devices left out. Micro-batches are never part of the state: after
 every move they are assigned exactly (walk_state.assign), so "move a micro-batch between
 pipelines" is always at its optimum. `Space` holds what moves and scores need of a cluster and
-a model, computed once: interned groups, each pipeline's terms and memory cap, and the exact
-block partition of a pipeline for a number of micro-batches, and the holders of each block
-(DataParallel) the data-parallel sync is scored over.
+a model, computed once: interned groups, each pipeline's terms and memory cap, the exact block
+partition of a pipeline for a number of micro-batches, and the holders of each block
+(DataParallel) that the data-parallel sync is scored over.
 """
 
 from __future__ import annotations
