@@ -110,13 +110,19 @@ class Moves:
 
     # -- moves ------------------------------------------------------------------------------
 
-    def _shift(self, st: State) -> Change | None:
+    def _boundary(self, st: State) -> tuple[int, Pipe, int] | None:
+        """A pipeline and one of its stage boundaries (the index of the stage after it); None
+        if it has one stage."""
         p = self._pipe_index(st)
         pipe = st.pipes[p]
-        S = len(pipe.groups)
-        if S < 2:
+        if len(pipe.groups) < 2:
             return None
-        i = self.rng.randrange(1, S)
+        return p, pipe, self.rng.randrange(1, len(pipe.groups))
+
+    def _shift(self, st: State) -> Change | None:
+        if (at := self._boundary(st)) is None:
+            return None
+        p, pipe, i = at
         delta = self.rng.choice((-1, 1)) * (1 if self.rng.random() < 0.7 else self.rng.randint(2, 4))
         b = list(pipe.bounds)
         b[i] += delta
@@ -334,12 +340,9 @@ class Moves:
         return Change("move-stage", {p: a, q: b})
 
     def _split_pipe(self, st: State) -> Change | None:
-        p = self._pipe_index(st)
-        pipe = st.pipes[p]
-        S = len(pipe.groups)
-        if S < 2:
+        if (at := self._boundary(st)) is None:
             return None
-        cut = self.rng.randrange(1, S)
+        p, pipe, cut = at
         m = max(1, self._m(st, p) // 2)
         a, b = self._rebuilt(st, pipe.groups[:cut], m), self._rebuilt(st, pipe.groups[cut:], m)
         if a is None or b is None:
