@@ -131,7 +131,7 @@ def partition_layers(
             key = (kinds, at, runs, crossings, mu, sync_factor, in_flight)
             if key not in blocks:
                 shape = [kind + (bw,) for kind, bw in zip(kinds, at)]
-                terms = _stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
+                terms = stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
                 blocks[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
             answer = solved[(kinds, hops) + key[1:]] = [blocks[key], None]
         counts = answer[0]
@@ -189,8 +189,10 @@ def _runs(classes: list[str]) -> tuple[tuple[str, int], ...]:
     return tuple((cls, n) for cls, n in out)
 
 
-def _stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
-    """Per stage: time per block w_k, the LM head's time e_k, and the most blocks memory holds."""
+def stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
+    """Per stage of a shape of (t, speed, memory, intra-node bandwidth, sync bandwidth): time per
+    block w_k, the LM head's time e_k, and the most blocks memory holds (with `in_flight`
+    micro-batches at most)."""
     S = len(shape)
     weights, extras = [], []
     for k, (t, speed, _, intra_bw, sync_bw) in enumerate(shape):

@@ -22,6 +22,7 @@ import numpy as np
 from .cluster import Cluster
 from .cost import MEMORY_HEADROOM, StageCost, pipeline_terms, stage_memory_bytes
 from .model import ModelSpec
+from .orchestration import stage_terms
 
 REL = 1e-12  # scores closer than this are equal
 
@@ -160,21 +161,16 @@ class Space:
             return None
         cl = self.cluster
         A = model.activation_bytes
-        w, e, caps = [], [], []
-        for k, g in enumerate(groups):
-            wk = 3 * model.block_flops / (g.t * g.speed)
-            if g.t > 1:
-                wk += 4 * (2 * (g.t - 1) / g.t) * A / self.intra[g.node]
-            w.append(wk)
-            e.append(3 * model.head_flops / (g.t * g.speed) if k == S - 1 else 0.0)
-            fixed = 16 * (model.embedding_params * (k == 0) + model.head_params * (k == S - 1))
-            per = 16 * model.block_params + min(S - k, m) * model.block_activation_memory
-            c = int((MEMORY_HEADROOM * g.memory * g.t - fixed) // per)
+        # Orchestration's terms with no gradient sync (paid apart, exactly, by DataParallel).
+        shape = [(g.t, g.speed, g.memory, self.intra[g.node], math.inf) for g in groups]
+        w, e, caps = stage_terms(shape, model, 1.0, 0.0, m)
+        for k, g in enumerate(groups):  # the caps checked against section 5 itself (rounding)
+            c = caps[k]
             while c >= 1 and stage_memory_bytes(c, k, S, m, g.t, model) > MEMORY_HEADROOM * g.memory:
                 c -= 1
             while c + 1 <= L and stage_memory_bytes(c + 1, k, S, m, g.t, model) <= MEMORY_HEADROOM * g.memory:
                 c += 1
-            caps.append(min(c, L))
+            caps[k] = min(c, L)
         if min(caps) < 1 or sum(caps) < L:
             return None
         comms = [2 * A / (min(a.t, b.t) * cl.link_bw(a.node, b.node)) for a, b in zip(groups, groups[1:])]
