@@ -14,10 +14,10 @@ import sys
 import click
 import grpc
 
-from drover.control_plane.server import StartError
+from drover.control_plane.errors import StartError
 from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
-from drover.storage.db import StoreError
+from drover.storage.errors import StoreError
 
 from . import daemons, data, offline, remote, report, up
 from .local_cluster import LocalClusterError

@@ -22,6 +22,7 @@ from drover.v1 import agent_pb2, jobs_pb2
 
 from .api import MAX_AGENT_STREAMS, SERVER_LIMITS, AgentService, JobService, register
 from .controller import ControlPlane
+from .errors import StartError
 from .identity import Authenticator, load_tokens
 
 log = logging.getLogger("drover.server")
@@ -32,10 +33,6 @@ def check_loopback(*addresses: str) -> None:
     for where in addresses:
         if not is_loopback(where):
             raise ValueError(f"{where}: insecure serving is for loopback only (127.0.0.1, localhost, [::1])")
-
-
-class StartError(RuntimeError):
-    """The server cannot start as asked: the message says why."""
 
 
 @dataclass

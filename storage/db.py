@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
+from .errors import StoreError, StoreInUse
 from .models import HistoryPoint, NicSample, TelemetrySample
 
 T = TypeVar("T")
@@ -96,14 +97,6 @@ def _add_missing_columns(connection, metadata) -> None:
 
 def sqlite_url(path: str) -> str:
     return f"sqlite:///{path}"
-
-
-class StoreError(RuntimeError):
-    """The database cannot be used as it is: the message says why and what to do."""
-
-
-class StoreInUse(StoreError):
-    """Another process holds this database."""
 
 
 def _sqlite_file(url: str) -> str | None:
