@@ -14,7 +14,7 @@ from drover.planner.cluster import cluster_from_dict
 from drover.planner.cost import evaluate, stage_costs, validate
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
-from drover.planner.walk import refine
+from drover.planner.walk import GIVE_UP, refine
 from drover.planner.walk_moves import Moves
 from drover.planner.walk_space import Pipe, Space
 from drover.planner.walk_state import state_from_plan
@@ -87,18 +87,22 @@ def test_partition_is_optimal_for_its_pipeline():
     assert time_of(best) <= min(time_of(b) for b in every) * (1 + 1e-9)
 
 
+def candidate_of(plan, c) -> Candidate:
+    return Candidate(
+        [[s.devices for s in p.stages] for p in plan.pipelines],
+        stage_costs(plan, c, MODEL),
+        [p.micro_batches for p in plan.pipelines],
+        list(plan.removed),
+        plan.predicted.step_time_s,
+    )
+
+
 def test_refine_speeds_up_a_plan_validly_and_the_same_each_time():
     """From the uniform baseline (every GPU in TP 4 pipelines, the failed GPU's group idle,
     the 3x straggler setting the pace), the descent finds a faster plan; twice the same."""
     c = cluster([IB, ROCE, [], IB], STRAGGLERS)
     start = make_plan(c, MODEL, "uniform")
-    candidate = Candidate(
-        [[s.devices for s in p.stages] for p in start.pipelines],
-        stage_costs(start, c, MODEL),
-        [p.micro_batches for p in start.pipelines],
-        list(start.removed),
-        start.predicted.step_time_s,
-    )
+    candidate = candidate_of(start, c)
     runs = [refine(candidate, c, MODEL, evals=300) for _ in range(2)]
     plan = runs[0].to_plan("drover", c, MODEL)
     validate(plan, c, MODEL)
@@ -106,3 +110,22 @@ def test_refine_speeds_up_a_plan_validly_and_the_same_each_time():
     assert plan.predicted.step_time_s < start.predicted.step_time_s * 0.95
     assert plan.to_dict() == runs[1].to_plan("drover", c, MODEL).to_dict()
     assert refine(candidate, c, MODEL, evals=0) is candidate  # REFINE_EVALS = 0: no descent
+
+
+def test_a_plan_without_neighbours_stops_the_walk_early(monkeypatch):
+    """One GPU: no move exists, so the descent gives up after GIVE_UP empty proposals in a
+    row instead of drawing on (it drew 100,000) and returns the candidate as it was."""
+    one = cluster_from_dict(
+        {
+            "name": "one",
+            "defaults": {"gpus": 1, "gpu": A100, "intra_gbps": 2400, "ethernet_gbps": 100, "nics": IB},
+            "nodes": [{"name": "n0"}],
+        }
+    )
+    start = make_plan(one, MODEL, "uniform")
+    candidate = candidate_of(start, one)
+    proposed = []
+    propose = Moves.propose
+    monkeypatch.setattr(Moves, "propose", lambda self, st: proposed.append(1) or propose(self, st))
+    assert refine(candidate, one, MODEL, evals=300) is candidate
+    assert len(proposed) == GIVE_UP + 1  # each of them empty
