@@ -152,7 +152,6 @@ def train(
     out_dir,
 ) -> None:
     """Train a job on local workers following plans, or as the single-process reference."""
-    from drover.agent.runtime.launch import train_reference, train_workers  # torch loads only for this command
     from drover.control_plane.jobfile import load_job
 
     if bool(job_file) == bool(model_file):
@@ -170,6 +169,8 @@ def train(
     if reference:
         if workers or cluster_file or plan_file or switches or slow or resume:
             raise click.UsageError("--reference takes only --job or --model, --steps, --seed, --data-root and --out")
+        from drover.agent.runtime.launch import train_reference  # torch loads once the input is checked
+
         train_reference(spec, training, out_dir, data_root)
     else:
         paced = load_cluster(cluster_file) if cluster_file else None
@@ -180,6 +181,8 @@ def train(
         if not workers or not plan_file:
             raise click.UsageError("--workers (or --cluster) and --plan are required without --reference")
         plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
+        from drover.agent.runtime.launch import train_workers
+
         with TraceProgress(Path(out_dir), training.steps, spec.seq_len) as progress:
             train_workers(spec, workers, plans, out_dir, training, slow, data_root, progress.update, paced)
     click.echo(final_line(Path(out_dir)))
