@@ -231,6 +231,28 @@ def fits_memory(costs: list[list[StageCost]], micro_batches: list[int], model: M
     )
 
 
+def most_micro_batches(row: list[StageCost], model: ModelSpec) -> int:
+    """The most micro-batches a pipeline's memory holds: M if it holds M (past one per stage
+    memory stops growing), 0 if not even one. Per stage, a binary search over how many are in
+    flight, its cap; the pipeline's is the least."""
+    S, M, most = len(row), model.micro_batches, model.micro_batches
+    for k, c in enumerate(row):
+        limit = MEMORY_HEADROOM * c.memory
+        if stage_memory_bytes(c.n, k, S, M, c.t, model) <= limit:
+            continue
+        if stage_memory_bytes(c.n, k, S, 1, c.t, model) > limit:
+            return 0
+        lo, hi = 1, min(S - k, M)  # fits at lo, not at hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if stage_memory_bytes(c.n, k, S, mid, c.t, model) <= limit:
+                lo = mid
+            else:
+                hi = mid
+        most = min(most, lo)
+    return most
+
+
 def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise PlanError naming the first rule of section 3 the plan breaks."""
     if (plan.global_batch, plan.micro_batch) != (model.global_batch, model.micro_batch):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
-from .cost import StageCost, fits_memory
+from .cost import StageCost, fits_memory, most_micro_batches
 from .grouping import Group
 from .model import ModelSpec
 from .orchestration import partition_layers
@@ -409,7 +409,7 @@ def with_few_in_flight(pipes: list[list[Group]], removed: list[str], cluster: Cl
     costs = partition_layers(pipes, model, cluster, in_flight=1)
     if costs is None:
         return None
-    caps = [_most_micro_batches(row, model) for row in costs]
+    caps = [most_micro_batches(row, model) for row in costs]
     if min(caps) < 1:
         return None
     micro = assign_micro_batches([f for f, _ in costs.terms], [e for _, e in costs.terms], model.micro_batches, caps)
@@ -426,15 +426,6 @@ def _aligned(costs: list[list[StageCost]], model: ModelSpec) -> list[list[StageC
         changed |= ranges != [(c.start, c.end) for c in row]
         out.append([StageCost(c.node, c.t, c.speed, c.memory, a, b) for c, (a, b) in zip(row, ranges)])
     return out if changed else None
-
-
-def _most_micro_batches(row: list[StageCost], model: ModelSpec) -> int:
-    """The most micro-batches a pipeline's memory holds (M if it holds as many as it has stages)."""
-    most = min(len(row), model.micro_batches)  # past one per stage, memory stops growing
-    for m in range(most, 0, -1):
-        if fits_memory([row], [m], model):
-            return model.micro_batches if m == most else m
-    return 0
 
 
 def layout_of(candidate: Candidate, polisher: Polisher) -> Layout:

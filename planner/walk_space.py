@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, StageCost, pipeline_terms, stage_memory_bytes
+from .cost import MEMORY_HEADROOM, StageCost, most_micro_batches, pipeline_terms, stage_memory_bytes
 from .model import ModelSpec
 from .orchestration import stage_terms
 
@@ -121,27 +121,9 @@ class Space:
             return self._info[pipe]
         if len(self._info) > 400_000:
             self._info.clear()
-        model = self.model
-        S, cap = len(pipe.groups), self.M
-        result = None
-        for k, g in enumerate(pipe.groups):
-            n = pipe.bounds[k + 1] - pipe.bounds[k]
-            limit = MEMORY_HEADROOM * g.memory
-            if stage_memory_bytes(n, k, S, self.M, g.t, model) <= limit:
-                continue
-            if stage_memory_bytes(n, k, S, 1, g.t, model) > limit:
-                break
-            lo, hi = 1, min(S - k, self.M)  # fits at lo, not at hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if stage_memory_bytes(n, k, S, mid, g.t, model) <= limit:
-                    lo = mid
-                else:
-                    hi = mid
-            cap = min(cap, lo)
-        else:
-            first, each = pipeline_terms(self.costs(pipe), model, self.cluster)
-            result = (first, each, cap)
+        row = self.costs(pipe)
+        cap = most_micro_batches(row, self.model)
+        result = (*pipeline_terms(row, self.model, self.cluster), cap) if cap else None
         self._info[pipe] = result
         return result
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drover.planner.cluster import cluster_from_dict, load_cluster
-from drover.planner.cost import evaluate, validate
+from drover.planner.cost import StageCost, evaluate, fits_memory, most_micro_batches, validate
 from drover.planner.errors import PlanError, SpecError
 from drover.planner.model import load_model, model_from_dict
 from drover.planner.plan import load_plan, plan_from_dict
+
+from support import make_model
 
 
 def _example_dirs(root):
@@ -271,3 +275,22 @@ def test_model_numbers_are_bounded(change, field):
     with pytest.raises(SpecError) as info:
         model_from_dict({**GOOD_MODEL, **change}, "m.yaml")
     assert info.value.field == field
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_most_micro_batches_is_the_largest_count_memory_holds(data):
+    """most_micro_batches (a binary search per stage) against trying every count with
+    fits_memory: the largest m that fits, M once M fits, 0 when none does."""
+    model = make_model("gpt-7b", global_batch=data.draw(st.integers(1, 64)))
+    S = data.draw(st.integers(1, 8))
+    cuts = sorted(data.draw(st.lists(st.integers(1, model.layers - 1), min_size=S - 1, max_size=S - 1, unique=True)))
+    bounds = [0, *cuts, model.layers]
+    row = [
+        StageCost(0, t, 1e14, data.draw(st.sampled_from([16, 24, 40, 80])) * 2**30, a, b)
+        for a, b, t in zip(
+            bounds, bounds[1:], data.draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=S, max_size=S))
+        )
+    ]
+    fitting = [m for m in range(1, model.micro_batches + 1) if fits_memory([row], [m], model)]
+    assert most_micro_batches(row, model) == (max(fitting) if fitting else 0)
