@@ -93,6 +93,11 @@ class Cluster:
         return {}
 
     @cached_property
+    def group_memo(self) -> dict[tuple, object]:
+        """grouping.group_of's groups for this cluster: (device ids, mfu) -> Group."""
+        return {}
+
+    @cached_property
     def partition_memo(self) -> dict[int, tuple]:
         """orchestration.partition_layers's answers for this cluster: id(model) -> (model,
         answers, block counts)."""

@@ -170,23 +170,39 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         return 0.0
     factor = 2 * (D - 1) / D
 
-    def sync(params: int, stages: list[StageCost]) -> float:
-        tmin = min([s.t for s in stages])
-        return factor * 2 * params / (tmin * min_pair_bw([s.node for s in stages], cluster))
+    def sync(params: int, ts: list[int], nodes: list[int]) -> float:
+        return factor * 2 * params / (min(ts) * min_pair_bw(nodes, cluster))
 
-    emb = sync(model.embedding_params, [row[0] for row in costs])
-    head = sync(model.head_params, [row[-1] for row in costs])
-    first = costs[0]
-    starts = [s.start for s in first]
-    if all([s.start for s in row] == starts for row in costs):  # aligned: stage k holds the same blocks everywhere
-        paid = [(s.end - s.start) * sync(model.block_params, column) for s, column in zip(first, zip(*costs))]
+    emb = sync(model.embedding_params, [row[0].t for row in costs], [row[0].node for row in costs])
+    head = sync(model.head_params, [row[-1].t for row in costs], [row[-1].node for row in costs])
+    # Pipelines split at the same blocks pay alike: each such split is summed once, its stage k
+    # syncing with the stages of every pipeline that hold the same blocks.
+    splits: dict[tuple[int, ...], list[list]] = {}  # block ends -> per stage, (sizes, nodes)
+    for row in costs:
+        stages = splits.get(ends := tuple([s.end for s in row]))
+        if stages is None:
+            stages = splits[ends] = [([], []) for _ in row]
+        for (ts, nodes), s in zip(stages, row):
+            ts.append(s.t)
+            nodes.append(s.node)
+    if len(splits) == 1:  # aligned: stage k holds the same blocks everywhere
+        paid = [(s.end - s.start) * sync(model.block_params, *stage) for s, stage in zip(costs[0], stages)]
         paid[0] += emb
         paid[-1] += head
         return max(paid)
-    paid = [[0.0] * len(row) for row in costs]
-    for a, b, holders in block_holders(costs):
-        per_block = sync(model.block_params, [row[k] for row, k in zip(costs, holders)])
-        for row_paid, k in zip(paid, holders):
+    bounds = sorted({0, *(end for ends in splits for end in ends)})
+    kinds = list(splits.items())
+    paid = [[0.0] * len(ends) for ends in splits]
+    cursor = [0] * len(kinds)
+    for a, b in zip(bounds, bounds[1:]):
+        ts, nodes = [], []
+        for i, (ends, stages) in enumerate(kinds):
+            while ends[cursor[i]] <= a:
+                cursor[i] += 1
+            ts += stages[cursor[i]][0]
+            nodes += stages[cursor[i]][1]
+        per_block = sync(model.block_params, ts, nodes)
+        for row_paid, k in zip(paid, cursor):
             row_paid[k] += (b - a) * per_block
     for row_paid in paid:
         row_paid[0] += emb

@@ -38,6 +38,26 @@ class Group:
         return self._hash
 
 
+def group_of(cluster: Cluster, model: ModelSpec, ids: tuple[str, ...]) -> Group:
+    """The group of these devices (of one node, in index order): made once per cluster, as the
+    search forms the same groups many times."""
+    key = (ids, model.mfu)
+    group = cluster.group_memo.get(key)
+    if group is None:
+        members = [cluster.device_by_id[d] for d in ids]
+        slowest = max(members, key=lambda d: d.rate)  # one node's GPUs differ in nothing else
+        node = slowest.node
+        group = cluster.group_memo[key] = Group(
+            devices=ids,
+            node=node,
+            speed=cluster.speed(slowest, model.mfu),
+            memory=cluster.memory_bytes(slowest),
+            rate=slowest.rate,
+            intra_bw=cluster.link_bw(node, node),
+        )
+    return group
+
+
 def tp_degrees(cluster: Cluster, model: ModelSpec) -> list[int]:
     """Tensor-parallel sizes this model splits into (rule 6: any size dividing heads,
     ffn_hidden and kv_heads, powers of two or not), up to a node's GPUs."""
@@ -117,17 +137,7 @@ def form_groups(
             size = _largest_size(alike, wide, sizes)
             if pack and alike > wide and alike % wide:  # else the groups up to `wide` are fewest
                 size = _packed_size(alike, wide, sizes) or size
-            members = devices[i : i + size]
-            slowest = members[-1]  # sorted by rate: one node's GPUs differ in nothing else
-            groups.append(
-                Group(
-                    devices=tuple(d.id for d in sorted(members, key=lambda d: d.index)),
-                    node=node,
-                    speed=cluster.speed(slowest, model.mfu),
-                    memory=cluster.memory_bytes(slowest),
-                    rate=slowest.rate,
-                    intra_bw=cluster.link_bw(node, node),
-                )
-            )
+            members = sorted(devices[i : i + size], key=lambda d: d.index)
+            groups.append(group_of(cluster, model, tuple(d.id for d in members)))
             i += size
     return groups, removed

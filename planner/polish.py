@@ -23,7 +23,7 @@ from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
 from .cost import StageCost, fits_memory, most_micro_batches
-from .grouping import Group
+from .grouping import Group, group_of
 from .model import ModelSpec
 from .orchestration import partition_layers
 
@@ -44,7 +44,6 @@ class Polisher:
         self.left = stages  # of layouts scored: a layout costs about its number of stages
         self.deadline = deadline  # search.Deadline: past it, no evaluations are left
         self.devices = cluster.device_by_id
-        self._groups: dict[tuple, Group] = {}
         self.seen: dict[Layout, Candidate | None] = {}
         self.alike: dict[tuple, float] = {}  # step time by signature (inf: nothing fits)
         # per node, what its links and network order depend on
@@ -52,19 +51,7 @@ class Polisher:
 
     def group(self, ids) -> Group:
         """The group of these devices (one node), cached by its members."""
-        key = tuple(sorted(ids, key=lambda d: self.devices[d].index))
-        if key not in self._groups:
-            members = [self.devices[d] for d in key]
-            node = members[0].node
-            self._groups[key] = Group(
-                key,
-                node,
-                min(self.cluster.speed(d, self.model.mfu) for d in members),
-                min(self.cluster.memory_bytes(d) for d in members),
-                max(d.rate for d in members),
-                self.cluster.link_bw(node, node),
-            )
-        return self._groups[key]
+        return group_of(self.cluster, self.model, tuple(sorted(ids, key=lambda d: self.devices[d].index)))
 
     def evaluate(self, layout: Layout, signature: tuple | None = None) -> Candidate | None:
         """The layout scored (cached); `signature`, if the caller has it, spares working it out."""
