@@ -106,7 +106,7 @@ def partition_layers(
     this min-max because every stage's time grows with its block count.
     """
     D = len(pipelines)
-    depth = max(len(p) for p in pipelines)
+    depth = max([len(p) for p in pipelines])
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
     nodes_of = [tuple([g.node for g in pipe]) for pipe in pipelines]
@@ -120,7 +120,7 @@ def partition_layers(
     solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}))[1:]
     for p, pipe in enumerate(pipelines):
         at = sync_bws[p] if sync_bws else positions[: len(pipe)]
-        kinds = tuple(g.kind for g in pipe)
+        kinds = tuple([g.kind for g in pipe])
         nodes = nodes_of[p]
         hops = hops_of.get(nodes)  # the terms depend on them
         if hops is None:

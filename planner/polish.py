@@ -68,13 +68,13 @@ class Polisher:
         first appearance, each with what its links depend on. Edits alike (one stage moved in any
         of many alike pipelines, a GPU swapped for any of its node's alike GPUs) sign alike."""
         links = self._links
-        shapes = [tuple((g.kind, links[g.node]) for g in pipe) for pipe in layout.pipelines]
+        shapes = [tuple([(g.kind, links[g.node]) for g in pipe]) for pipe in layout.pipelines]
         order = sorted(range(len(shapes)), key=shapes.__getitem__)
         names: dict[int, int] = {}
         rows = []
         for p in order:
             rows.append(
-                tuple((g.kind, links[g.node], names.setdefault(g.node, len(names))) for g in layout.pipelines[p])
+                tuple([(g.kind, links[g.node], names.setdefault(g.node, len(names))) for g in layout.pipelines[p]])
             )
         place = {p: i for i, p in enumerate(order)}
         firsts: dict[int, int] = {}

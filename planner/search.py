@@ -31,7 +31,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
-from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, holds_model, partition_layers
+from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, depths, holds_model, partition_layers
 from .plan import Plan
 from .polish import polish, with_few_in_flight
 from .walk import refine
@@ -192,7 +192,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         raise PlanError("no-usable-device", f"every device of cluster {cluster.name!r} has failed")
     found: list[tuple[float, tuple, Candidate]] = []
     grouped: dict[tuple, tuple] = {}
-    tried: set[tuple] = set()  # coordinates
+    tried: set[tuple] = set()  # coordinates, and groups dealt by depth
     scored: set[tuple] = set()  # layouts: pipelines and removed GPUs
 
     def groups(t: int, split: str, cut: float, out: frozenset) -> tuple:
@@ -210,15 +210,25 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         grouping = groups(t, split, cut, out)
         if not grouping[0]:
             return
+        # Depths and odd pipelines that deal the groups alike make the same layout.
+        count = min(len(grouping[0]), model.micro_batches * model.layers)
+        dealt = (t, how, split, cut, out, tuple(depths(count, S, model.micro_batches, odd)))
+        if dealt in tried:
+            return
+        tried.add(dealt)
         pipelines, removed = _arranged(cluster, model, grouping, S, how, odd)
-        same = (tuple(tuple(g.devices for g in pipe) for pipe in pipelines), tuple(removed))
+        same = (tuple([tuple([g.devices for g in pipe]) for pipe in pipelines]), tuple(removed))
         if same not in scored:  # other coordinates, the same pipelines: the same layout
             scored.add(same)
             consider(key, _layout(cluster, model, pipelines, removed))
 
+    fastest: dict[frozenset, tuple[float, tuple]] = {}  # per set of nodes left out: (step time, coordinates)
+
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
             found.append((candidate.step_time_s, key, candidate))
+            if len(key) == 7 and candidate.step_time_s < fastest.get(key[-1], (math.inf,))[0]:
+                fastest[key[-1]] = (candidate.step_time_s, key)
 
     rates = cut_levels({d.rate for d in cluster.usable if d.rate > 1.0})
     for out in weaker_nodes(cluster):
@@ -253,23 +263,18 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]
 
-    def best_of(out: frozenset) -> tuple[float, tuple | None]:
-        """The fastest layout found with these nodes left out: (step time, coordinates)."""
-        layouts = ((f[0], f[1]) for f in found if len(f[1]) == 7 and f[1][-1] == out)
-        return min(layouts, key=lambda f: f[0], default=(math.inf, None))
-
     for _, key, _ in climb_starts(found):
         t, _, _, _, split, cut, out = key
-        depths = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
+        sweep = set(stage_counts(model.layers, len(groups(t, split, cut, out)[0])))  # every depth at first
         while True:
             t, S, how, odd, split, cut, out = key
-            before = best_of(out)[0]  # a climb beats its own set of nodes' best, not every set's
-            for depth in sorted(depths | set(range(max(1, S - 3), S + 4))):
+            before = fastest.get(out, (math.inf,))[0]  # a climb beats its own set of nodes' best, not every set's
+            for depth in sorted(sweep | set(range(max(1, S - 3), S + 4))):
                 near = abs(depth - S) <= 3
                 for h in ARRANGEMENTS:  # another arrangement may be best at another depth
                     for o in ODD_PIPELINES if near else (None,):
                         try_layout((t, depth, h, o, split, cut, out))
-            depths = set()  # then those near the depth reached
+            sweep = set()  # then those near the depth reached
             at = cuts.index(cut) if cut in cuts else len(cuts) - 1
             for c in {cuts[max(0, at - 1)], cut, cuts[min(len(cuts) - 1, at + 1)], math.inf}:  # the next cuts
                 for sp in splits:
@@ -278,7 +283,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 try_layout((size, S, how, odd, split, cut, out))
             for h in ARRANGEMENTS:
                 try_layout((t, S, h, odd, split, cut, out))
-            step, best_key = best_of(out)
+            step, best_key = fastest.get(out, (math.inf, None))
             if step >= before * (1 - 1e-9) or best_key in (key, None):
                 break
             key = best_key
