@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .assignment import assign_micro_batches
@@ -31,15 +32,24 @@ class Candidate:
 
 
 def score(
-    devices, costs, removed, model: ModelSpec, cluster: Cluster, micro_batches: list[int] | None = None
+    devices,
+    costs,
+    removed,
+    model: ModelSpec,
+    cluster: Cluster,
+    micro_batches: list[int] | None = None,
+    bound: float = math.inf,
 ) -> Candidate | None:
-    """Assign micro-batches (unless given) and compute the step time of the cost model."""
+    """Assign micro-batches (unless given) and compute the step time of the cost model; None if
+    the pipelines alone take longer than `bound` (the data-parallel sync is not worked out)."""
     terms = costs.terms if isinstance(costs, Partition) else [pipeline_terms(row, model, cluster) for row in costs]
     if micro_batches is None:
         micro_batches = assign_micro_batches([f for f, _ in terms], [e for _, e in terms], model.micro_batches)
         if micro_batches is None:
             return None
     slowest = max(f + (m - 1) * e for (f, e), m in zip(terms, micro_batches))
+    if slowest > bound:
+        return None
     step = slowest + dp_sync_s(costs, model, cluster)
     return Candidate(devices, costs, micro_batches, list(removed), step)
 
@@ -51,12 +61,14 @@ def best_partition(
     model: ModelSpec,
     cluster: Cluster,
     every_crossing: bool = True,
+    bound: float = math.inf,
 ) -> Candidate | None:
     """The layout scored as partitioned, and split again at each common network crossing
     (network_crossings; the median one alone unless `every_crossing`): the fastest. Pipelines
     of unlike depths are split again too, each stage weighing its gradient sync at the bandwidth
     its blocks' holders sync at (stages of one index hold unlike blocks), on clusters of more
-    than one network."""
+    than one network. None if nothing fits, or if every split's pipelines alone take longer
+    than `bound`."""
     devices = [[g.devices for g in pipe] for pipe in pipelines]
     # On one network the holders of a stage index sync at about one bandwidth whatever blocks
     # they hold: splitting again there changed one plan of 120 generated scenarios, by 0.06%.
@@ -74,7 +86,7 @@ def best_partition(
             if again is not None and again != split:
                 splits.append(again)
         for split in splits:
-            found = score(devices, split, removed, model, cluster)
+            found = score(devices, split, removed, model, cluster, bound=bound)
             if found is not None and (best is None or found.step_time_s < best.step_time_s):
                 best = found
     return best

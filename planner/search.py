@@ -21,6 +21,7 @@ still scored).
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ FINALISTS = 3
 CLIMB_BAND = 1.03
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
+# The most of the fastest layouts any later choice reads (finalists, climb starts, local search's
+# starts, with the copies split at every crossing): a layout slower than that many, than its own
+# set of nodes' 2 x FINALISTS fastest and than its TP size's fastest changes nothing after it.
+KEPT = 24
 # Stages local search may score (a layout costs about its number of stages): 5,000 up to 64
 # GPUs, 75 a GPU past that (targets: 64 GPUs in 0.2 s, 1,024 in 3 s). Layouts of few, wide stages
 # are cheap, so more of them are tried.
@@ -164,10 +169,16 @@ def _arranged(
 
 
 def _layout(
-    cluster: Cluster, model: ModelSpec, pipelines: list, removed: list, every_crossing: bool = False
+    cluster: Cluster,
+    model: ModelSpec,
+    pipelines: list,
+    removed: list,
+    every_crossing: bool = False,
+    bound: float = math.inf,
 ) -> Candidate | None:
     """Arranged pipelines scored: blocks partitioned, stages past L or pipelines that cannot hold
-    the model alone left idle, micro-batches assigned; None if nothing fits."""
+    the model alone left idle, micro-batches assigned; None if nothing fits, or if its pipelines
+    alone take longer than `bound`."""
     costs = partition_layers(pipelines, model, cluster)
     if costs is None and any(len(p) > model.layers for p in pipelines):  # a stage per block at most
         for pipe in pipelines:  # the slowest groups past L stay idle
@@ -184,7 +195,7 @@ def _layout(
             costs = partition_layers(pipelines, model, cluster)
     if costs is None:
         return with_few_in_flight(pipelines, removed, cluster, model)
-    return best_partition(pipelines, costs, removed, model, cluster, every_crossing)
+    return best_partition(pipelines, costs, removed, model, cluster, every_crossing, bound)
 
 
 def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None) -> Candidate:
@@ -220,15 +231,32 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         same = (tuple([tuple([g.devices for g in pipe]) for pipe in pipelines]), tuple(removed))
         if same not in scored:  # other coordinates, the same pipelines: the same layout
             scored.add(same)
-            consider(key, _layout(cluster, model, pipelines, removed))
+            consider(key, _layout(cluster, model, pipelines, removed, bound=worth_below(t, out)))
 
     fastest: dict[frozenset, tuple[float, tuple]] = {}  # per set of nodes left out: (step time, coordinates)
+    leaders: list[float] = []  # the KEPT fastest step times, and per set of nodes its 2 x FINALISTS
+    leaders_of: dict[frozenset, list[float]] = {}
+    fastest_size: dict[tuple, float] = {}  # per TP size and set of nodes
+
+    def worth_below(t: int, out: frozenset) -> float:
+        """The step time past which a layout changes no choice the search makes after it (see KEPT)."""
+        of_out = leaders_of.get(out, ())
+        if len(leaders) < KEPT or len(of_out) < 2 * FINALISTS or (t, out) not in fastest_size:
+            return math.inf
+        return max(leaders[-1], of_out[-1], fastest_size[t, out])
 
     def consider(key: tuple, candidate: Candidate | None) -> None:
         if candidate is not None:
-            found.append((candidate.step_time_s, key, candidate))
-            if len(key) == 7 and candidate.step_time_s < fastest.get(key[-1], (math.inf,))[0]:
-                fastest[key[-1]] = (candidate.step_time_s, key)
+            step = candidate.step_time_s
+            found.append((step, key, candidate))
+            bisect.insort(leaders, step)
+            del leaders[KEPT:]
+            if len(key) == 7:
+                bisect.insort(of_out := leaders_of.setdefault(key[-1], []), step)
+                del of_out[2 * FINALISTS :]
+                fastest_size[key[0], key[-1]] = min(step, fastest_size.get((key[0], key[-1]), math.inf))
+                if step < fastest.get(key[-1], (math.inf,))[0]:
+                    fastest[key[-1]] = (step, key)
 
     rates = cut_levels({d.rate for d in cluster.usable if d.rate > 1.0})
     for out in weaker_nodes(cluster):

@@ -3,6 +3,9 @@ never better than the full search's, after far fewer layouts."""
 
 from __future__ import annotations
 
+import pytest
+
+from drover.planner import candidate as candidate_module
 from drover.planner import search as search_module
 from drover.planner.cost import evaluate, validate
 from drover.planner.search import make_plan
@@ -37,3 +40,26 @@ def test_a_spent_budget_returns_the_first_plan_found_and_it_is_valid(monkeypatch
 def test_a_budget_that_is_not_spent_changes_nothing():
     cluster, model = make_cluster("one-straggler"), make_model("gpt-7b")
     assert make_plan(cluster, model, budget_s=3600.0) == make_plan(cluster, model)
+
+
+@pytest.mark.parametrize(
+    "variant, rates",
+    [
+        ("one-straggler", {"n0_2": 1.5, "n2_6": 6.0, "n3_1": 2.5}),
+        ("ib-roce", {"n1_0": 4.0, "n1_1": 4.0, "n2_3": "inf"}),
+        ("one-ethernet", {"n4_4": 1.3}),
+    ],
+)
+def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, variant, rates):
+    """A layout whose pipelines alone are slower than every layout a later choice reads is not
+    worked out further (search.KEPT): the plan is the one of the search that works out all."""
+    cluster, model = make_cluster(variant, **rates), make_model("gpt-7b")
+    syncs = []
+    dp_sync = candidate_module.dp_sync_s
+    monkeypatch.setattr(candidate_module, "dp_sync_s", lambda *a: syncs.append(1) or dp_sync(*a))
+    plan = make_plan(cluster, model)
+    pruned = len(syncs)
+    syncs.clear()
+    monkeypatch.setattr(search_module, "KEPT", 10**9)
+    assert make_plan(cluster, model) == plan
+    assert pruned < len(syncs), (pruned, len(syncs))
