@@ -62,6 +62,11 @@ def arrange(
     sized: rows in network then group-speed order: where groups differ in
       size, a pipeline of wide groups and one of narrow ones, not a mix.
     """
+    return deal(in_order(groups, how, cluster), stages, how, max_pipelines, odd)
+
+
+def in_order(groups: list[Group], how: str, cluster: Cluster) -> list[Group]:
+    """The groups in the order an arrangement deals them (see arrange)."""
     rank = cluster.nic_order
     cls = [rank[cluster.nodes[g.node].nic_class] for g in groups]
     if how == "columns":
@@ -70,7 +75,12 @@ def arrange(
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed * groups[i].t, groups[i].node))
     else:
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed, groups[i].node))
-    ordered = iter([groups[i] for i in order])
+    return [groups[i] for i in order]
+
+
+def deal(groups: list[Group], stages: int, how: str, max_pipelines: int, odd: int | None = None) -> list[list[Group]]:
+    """Groups already in_order dealt into pipelines (see arrange)."""
+    ordered = iter(groups)
     sizes = depths(len(groups), stages, max_pipelines, odd)
     if how in ("rows", "sized"):
         return [[next(ordered) for _ in range(size)] for size in sizes]

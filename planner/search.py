@@ -32,7 +32,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
-from .orchestration import ARRANGEMENTS, ODD_PIPELINES, arrange, depths, holds_model, partition_layers
+from .orchestration import ARRANGEMENTS, ODD_PIPELINES, deal, depths, holds_model, in_order, partition_layers
 from .plan import Plan
 from .polish import polish, with_few_in_flight
 from .walk import refine
@@ -155,17 +155,15 @@ def climb_starts(found: list) -> list:
     return starts + [e for e in per_size.values() if e not in starts and e[0] <= best * CLIMB_BAND]
 
 
-def _arranged(
-    cluster: Cluster, model: ModelSpec, grouping: tuple, S: int, how: str, odd: int | None
-) -> tuple[list, list]:
-    """(pipelines, removed): the groups dealt into pipelines of about S stages (or S and one
-    odd pipeline); past M x L groups (M pipelines of L stages at most), the slowest stay idle."""
+def _usable(model: ModelSpec, grouping: tuple) -> tuple[list, list]:
+    """(groups, removed): past M x L groups (M pipelines of L stages at most), the slowest stay
+    idle."""
     groups, removed = grouping
     usable = model.micro_batches * model.layers
     if len(groups) > usable:
         by_speed = sorted(groups, key=lambda g: -g.speed * g.t)
         groups, removed = by_speed[:usable], removed + [d for g in by_speed[usable:] for d in g.devices]
-    return arrange(groups, S, how, cluster, model.micro_batches, odd), removed
+    return groups, removed
 
 
 def _layout(
@@ -203,6 +201,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         raise PlanError("no-usable-device", f"every device of cluster {cluster.name!r} has failed")
     found: list[tuple[float, tuple, Candidate]] = []
     grouped: dict[tuple, tuple] = {}
+    ordered: dict[tuple, tuple] = {}
     tried: set[tuple] = set()  # coordinates, and groups dealt by depth
     scored: set[tuple] = set()  # layouts: pipelines and removed GPUs
 
@@ -212,6 +211,15 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 cluster, model, t, remove_from_rate=cut, left_out=out, **GROUPINGS[split]
             )
         return grouped[t, split, cut, out]
+
+    def arranged(t: int, S: int, how: str, odd: int | None, split: str, cut: float, out: frozenset):
+        """(pipelines, removed): the usable groups dealt into pipelines of about S stages (or S
+        and one odd pipeline); the order of each arrangement is worked out once."""
+        if (t, how, split, cut, out) not in ordered:
+            usable, removed = _usable(model, groups(t, split, cut, out))
+            ordered[t, how, split, cut, out] = (in_order(usable, how, cluster), removed)
+        order, removed = ordered[t, how, split, cut, out]
+        return deal(order, S, how, model.micro_batches, odd), removed
 
     def try_layout(key: tuple) -> None:
         if key in tried or (found and deadline is not None and deadline.passed()):
@@ -227,7 +235,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         if dealt in tried:
             return
         tried.add(dealt)
-        pipelines, removed = _arranged(cluster, model, grouping, S, how, odd)
+        pipelines, removed = arranged(t, S, how, odd, split, cut, out)
         same = (tuple([tuple([g.devices for g in pipe]) for pipe in pipelines]), tuple(removed))
         if same not in scored:  # other coordinates, the same pipelines: the same layout
             scored.add(same)
@@ -319,7 +327,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     for _, key, _ in finalists(found, 2 * FINALISTS, 1):
         if not (deadline is not None and deadline.passed()):
             t, S, how, odd, split, cut, out = key
-            pipelines, removed = _arranged(cluster, model, groups(t, split, cut, out), S, how, odd)
+            pipelines, removed = arranged(t, S, how, odd, split, cut, out)
             consider(key, _layout(cluster, model, pipelines, removed, every_crossing=True))
     for name, baseline in (("uniform", baselines.uniform), ("drop", baselines.drop)):  # budget or not
         consider((name,), baseline(cluster, model))
