@@ -22,8 +22,11 @@ still scored).
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from . import baselines
@@ -351,6 +354,20 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     return refine(min(found, key=lambda f: f[0])[2], cluster, model, REFINE_EVALS, deadline)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a search: it allocates hundreds of thousands of
+    short-lived tuples and lists, none kept alive by cycles, and the collector's passes over
+    them took 7% of planning at 64 GPUs. Reference counting still frees them as they go."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 STRATEGIES = {
     "drover": search,
     "uniform": baselines.uniform,
@@ -365,7 +382,8 @@ def make_plan(cluster: Cluster, model: ModelSpec, strategy: str = "drover", budg
     if strategy not in STRATEGIES:
         raise PlanError("unknown-strategy", f"strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
     if strategy == "drover":
-        candidate = search(cluster, model, None if budget_s is None else Deadline.after(budget_s))
+        with collector_paused():
+            candidate = search(cluster, model, None if budget_s is None else Deadline.after(budget_s))
     else:
         candidate = STRATEGIES[strategy](cluster, model)
     if candidate is None:

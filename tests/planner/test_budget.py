@@ -1,7 +1,10 @@
-"""A planning budget cuts Drover's search short with the best plan found by then: a valid plan,
-never better than the full search's, after far fewer layouts."""
+"""Planning time: a budget cuts Drover's search short with the best plan found by then (a valid
+plan, never better than the full search's, after far fewer layouts); the work the search skips
+to go faster changes no plan."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 
@@ -63,3 +66,24 @@ def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, vari
     monkeypatch.setattr(search_module, "KEPT", 10**9)
     assert make_plan(cluster, model) == plan
     assert pruned < len(syncs), (pruned, len(syncs))
+
+
+def test_the_collector_is_paused_only_while_drover_searches(monkeypatch):
+    cluster, model = make_cluster("one-straggler"), make_model("gpt-1b")
+    during = []
+    search = search_module.search
+    monkeypatch.setattr(search_module, "search", lambda *a: during.append(gc.isenabled()) or search(*a))
+    make_plan(cluster, model)
+    assert during == [False] and gc.isenabled()
+    monkeypatch.setattr(search_module, "search", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        make_plan(cluster, model)
+    assert gc.isenabled()
+    gc.disable()  # a caller that keeps the collector off keeps it off
+    try:
+        make_plan(cluster, model, "uniform")
+        monkeypatch.setattr(search_module, "search", search)
+        make_plan(cluster, model)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
