@@ -113,6 +113,7 @@ def form_groups(
     Group sizes are always valid TP sizes.
     """
     sizes = tp_degrees(cluster, model)
+    largest = [0] + [_largest_size(n, n, sizes) for n in range(1, max(n.gpus for n in cluster.nodes) + 1)]
     groups: list[Group] = []
     removed: list[str] = []
     by_node: dict[int, list[Device]] = {}
@@ -134,7 +135,7 @@ def form_groups(
             alike = 1  # sorted by rate: the GPUs from i on within split_ratio of the first
             while i + alike < len(devices) and devices[i + alike].rate <= devices[i].rate * split_ratio:
                 alike += 1
-            size = _largest_size(alike, wide, sizes)
+            size = largest[min(alike, wide)]  # the largest valid size up to both
             if pack and alike > wide and alike % wide:  # else the groups up to `wide` are fewest
                 size = _packed_size(alike, wide, sizes) or size
             members = sorted(devices[i : i + size], key=lambda d: d.index)

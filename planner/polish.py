@@ -381,7 +381,8 @@ def _candidate(layout: Layout, cluster: Cluster, model: ModelSpec, every_crossin
         found = best_partition(pipes, costs, list(layout.removed), model, cluster, every_crossing)
         aligned = _aligned(costs, model)
         if aligned is not None:  # replicas of a block on the same stage index sync cheaper
-            other = score(devices, aligned, list(layout.removed), model, cluster)
+            bound = math.inf if found is None else found.step_time_s  # past it, no faster: not synced
+            other = score(devices, aligned, list(layout.removed), model, cluster, bound=bound)
             faster = other is not None and (found is None or other.step_time_s < found.step_time_s)
             if faster and fits_memory(other.costs, other.micro_batches, model):
                 return other
