@@ -191,12 +191,12 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         paid[-1] += head
         return max(paid)
     bounds = sorted({0, *(end for ends in splits for end in ends)})
-    kinds = list(splits.items())
+    by_split = list(splits.items())
     paid = [[0.0] * len(ends) for ends in splits]
-    cursor = [0] * len(kinds)
+    cursor = [0] * len(by_split)
     for a, b in zip(bounds, bounds[1:]):
         ts, nodes = [], []
-        for i, (ends, stages) in enumerate(kinds):
+        for i, (ends, stages) in enumerate(by_split):
             while ends[cursor[i]] <= a:
                 cursor[i] += 1
             ts += stages[cursor[i]][0]
