@@ -215,13 +215,18 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             )
         return grouped[t, split, cut, out]
 
-    def arranged(t: int, S: int, how: str, odd: int | None, split: str, cut: float, out: frozenset):
-        """(pipelines, removed): the usable groups dealt into pipelines of about S stages (or S
-        and one odd pipeline); the order of each arrangement is worked out once."""
+    def in_order_of(t: int, how: str, split: str, cut: float, out: frozenset) -> tuple[list, list]:
+        """(groups, removed): the usable groups in the order the arrangement deals them, worked
+        out once per grouping and arrangement."""
         if (t, how, split, cut, out) not in ordered:
             usable, removed = _usable(model, groups(t, split, cut, out))
             ordered[t, how, split, cut, out] = (in_order(usable, how, cluster), removed)
-        order, removed = ordered[t, how, split, cut, out]
+        return ordered[t, how, split, cut, out]
+
+    def arranged(t: int, S: int, how: str, odd: int | None, split: str, cut: float, out: frozenset):
+        """(pipelines, removed): the usable groups dealt into pipelines of about S stages (or S
+        and one odd pipeline)."""
+        order, removed = in_order_of(t, how, split, cut, out)
         return deal(order, S, how, model.micro_batches, odd), removed
 
     def try_layout(key: tuple) -> None:
@@ -229,12 +234,11 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             return
         tried.add(key)
         t, S, how, odd, split, cut, out = key
-        grouping = groups(t, split, cut, out)
-        if not grouping[0]:
+        order = in_order_of(t, how, split, cut, out)[0]
+        if not order:
             return
         # Depths and odd pipelines that deal the groups alike make the same layout.
-        count = min(len(grouping[0]), model.micro_batches * model.layers)
-        dealt = (t, how, split, cut, out, tuple(depths(count, S, model.micro_batches, odd)))
+        dealt = (t, how, split, cut, out, tuple(depths(len(order), S, model.micro_batches, odd)))
         if dealt in tried:
             return
         tried.add(dealt)
