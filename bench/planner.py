@@ -78,9 +78,15 @@ def make_cluster(gpus: int, rates: dict | None = None, second_nic: str | None = 
 
 
 def timing_shapes(gpus: int) -> dict[str, tuple[dict, str | None]]:
-    """The shapes planning time is judged on: (rates, second NIC) by name."""
+    """The shapes planning time is judged on: (rates, second NIC) by name. Mixed networks with
+    stragglers are the slowest to plan (more node sets, splits at network crossings)."""
     shapes = {name: (rates, None) for name, rates in {"healthy": {}, **straggler_shapes(gpus)}.items()}
-    return shapes | {"infiniband+roce": ({}, "roce")}
+    four = straggler_shapes(gpus)["four-mixed"]
+    return shapes | {
+        "infiniband+roce": ({}, "roce"),
+        "infiniband+roce four-mixed": (four, "roce"),
+        "infiniband+ethernet four-mixed": (four, "ethernet"),
+    }
 
 
 def model_for(name: str, gpus: int):
