@@ -177,32 +177,28 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
     head = sync(model.head_params, [row[-1].t for row in costs], [row[-1].node for row in costs])
     # Pipelines split at the same blocks pay alike: each such split is summed once, its stage k
     # syncing with the stages of every pipeline that hold the same blocks.
-    splits: dict[tuple[int, ...], list[list]] = {}  # block ends -> per stage, (sizes, nodes)
+    splits: dict[tuple[int, ...], tuple] = {}  # block ends -> (a row split so, per stage (sizes, nodes))
     for row in costs:
-        stages = splits.get(ends := tuple([s.end for s in row]))
-        if stages is None:
-            stages = splits[ends] = [([], []) for _ in row]
-        for (ts, nodes), s in zip(stages, row):
+        split = splits.get(ends := tuple([s.end for s in row]))
+        if split is None:
+            split = splits[ends] = (row, [([], []) for _ in row])
+        for (ts, nodes), s in zip(split[1], row):
             ts.append(s.t)
             nodes.append(s.node)
     if len(splits) == 1:  # aligned: stage k holds the same blocks everywhere
-        paid = [(s.end - s.start) * sync(model.block_params, *stage) for s, stage in zip(costs[0], stages)]
+        paid = [(s.end - s.start) * sync(model.block_params, *stage) for s, stage in zip(costs[0], split[1])]
         paid[0] += emb
         paid[-1] += head
         return max(paid)
-    bounds = sorted({0, *(end for ends in splits for end in ends)})
-    by_split = list(splits.items())
-    paid = [[0.0] * len(ends) for ends in splits]
-    cursor = [0] * len(by_split)
-    for a, b in zip(bounds, bounds[1:]):
+    rows = list(splits.values())
+    paid = [[0.0] * len(row) for row, _ in rows]
+    for a, b, holders in block_holders([row for row, _ in rows]):
         ts, nodes = [], []
-        for i, (ends, stages) in enumerate(by_split):
-            while ends[cursor[i]] <= a:
-                cursor[i] += 1
-            ts += stages[cursor[i]][0]
-            nodes += stages[cursor[i]][1]
+        for (_, stages), k in zip(rows, holders):
+            ts += stages[k][0]
+            nodes += stages[k][1]
         per_block = sync(model.block_params, ts, nodes)
-        for row_paid, k in zip(paid, cursor):
+        for row_paid, k in zip(paid, holders):
             row_paid[k] += (b - a) * per_block
     for row_paid in paid:
         row_paid[0] += emb

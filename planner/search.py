@@ -249,8 +249,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             consider(key, _layout(cluster, model, pipelines, removed, bound=worth_below(t, out)))
 
     fastest: dict[frozenset, tuple[float, tuple]] = {}  # per set of nodes left out: (step time, coordinates)
-    leaders: list[float] = []  # the KEPT fastest step times, and per set of nodes its 2 x FINALISTS
-    leaders_of: dict[frozenset, list[float]] = {}
+    leaders: list[float] = []  # the KEPT fastest step times, ascending
+    leaders_of: dict[frozenset, list[float]] = {}  # per set of nodes left out, its 2 x FINALISTS fastest
     fastest_size: dict[tuple, float] = {}  # per TP size and set of nodes
 
     def worth_below(t: int, out: frozenset) -> float:
