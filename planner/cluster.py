@@ -144,6 +144,19 @@ class Cluster:
         """Per node, what its links depend on: two nodes with equal profiles link alike."""
         return [(n.eth_bw, tuple(sorted((t, n.rdma_bw(t)) for t in n.rdma_types))) for n in self.nodes]
 
+    @cached_property
+    def fastest_out_bw(self) -> tuple[float, ...]:
+        """Per node, its fastest link to another node (inf alone): what any of its GPUs can sync
+        with a GPU elsewhere at, at most."""
+        reps: dict[tuple, list[int]] = {}
+        for i, profile in enumerate(self.network_profiles):
+            if len(reps.setdefault(profile, [])) < 2:
+                reps[profile].append(i)
+        others = [n for nodes in reps.values() for n in nodes]
+        return tuple(
+            max([self.link_bw(a, b) for b in others if b != a], default=math.inf) for a in range(len(self.nodes))
+        )
+
     def link_bw(self, node_a: int, node_b: int) -> float:
         """Per-GPU bandwidth between devices on two nodes (the same node allowed)."""
         key = (node_a, node_b) if node_a <= node_b else (node_b, node_a)

@@ -206,6 +206,36 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
     return max(max(r) for r in paid)
 
 
+def dp_sync_floor(pipelines: list, model: ModelSpec, cluster: Cluster) -> float:
+    """A lower bound on dp_sync_s under any split of the blocks over these pipelines' stages
+    (each with a node and a size t): known before the blocks are split, so a layout that cannot
+    beat a bound is not split.
+
+    The embedding and LM head sync as dp_sync_s has them, with a block at least beside them.
+    Every block's replicas, one per pipeline, sync at most at the narrowest TP size of the
+    widest stages and at the bandwidth of the slowest pipeline's fastest link off its nodes
+    (replicas on two nodes or more), or within a node every pipeline has a stage on; the
+    shallowest pipeline has a stage of ceil(L / its depth) blocks."""
+    D = len(pipelines)
+    if D == 1:
+        return 0.0
+    factor = 2 * (D - 1) / D
+
+    def sync(params: int, ts: list[int], nodes: list[int]) -> float:
+        return factor * 2 * params / (min(ts) * min_pair_bw(nodes, cluster))
+
+    emb = sync(model.embedding_params, [p[0].t for p in pipelines], [p[0].node for p in pipelines])
+    head = sync(model.head_params, [p[-1].t for p in pipelines], [p[-1].node for p in pipelines])
+    out_bw = cluster.fastest_out_bw
+    bw = min([max([out_bw[s.node] for s in pipe]) for pipe in pipelines])
+    if D <= max(n.gpus for n in cluster.nodes):  # every pipeline may hold a stage on one node
+        shared = set.intersection(*[{s.node for s in pipe} for pipe in pipelines])
+        bw = max([bw, *[cluster.link_bw(n, n) for n in shared]])
+    per_block = factor * 2 * model.block_params / (min([max([s.t for s in pipe]) for pipe in pipelines]) * bw)
+    deepest_stage = -(-model.layers // min([len(pipe) for pipe in pipelines]))
+    return max(emb + per_block, head + per_block, deepest_stage * per_block)
+
+
 def step_time_s(
     costs: list[list[StageCost]], micro_batches: list[int], model: ModelSpec, cluster: Cluster
 ) -> tuple[list[float], float, float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 
+from .assignment import assign_micro_batches
 from .cluster import Cluster
 from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw, pipeline_terms
 from .grouping import Group
@@ -127,7 +128,7 @@ def partition_layers(
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
     # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
     # kept with its answers, so its id cannot be reused while they are).
-    solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}))[1:]
+    solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}, {}))[1:3]
     for p, pipe in enumerate(pipelines):
         at = sync_bws[p] if sync_bws else positions[: len(pipe)]
         kinds = tuple([g.kind for g in pipe])
@@ -156,6 +157,54 @@ def partition_layers(
         out.append(row)
         out.terms.append(answer[1])
     return out
+
+
+def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0) -> float | None:
+    """A lower bound on how long the slowest pipeline takes (what candidate.score holds against
+    its bound) under any split of the blocks, micro-batches given to finish earliest; None if
+    some pipeline cannot hold the model. It needs no gradient sync, so it is known per kind of
+    pipeline without the layout's other pipelines: a layout past its bound is not partitioned.
+    Memory is counted as partition_layers counts it: with `in_flight` micro-batches at most
+    (0: M, as the splits of partition_layers; 1: as any split that fits at all).
+
+    Per pipeline, (first, each) of cost.pipeline_terms are bounded below by the split that
+    minimises the slowest stage's compute and tensor-parallel time (the greedy of _split,
+    optimal for that min-max), and by one block per stage and the rest on the fastest stage.
+    The fastest finish of micro-batches only grows with first and each."""
+    floors = cluster.partition_memo.setdefault(id(model), (model, {}, {}, {}))[3]
+    firsts, eaches = [], []
+    for pipe in pipelines:
+        kinds = tuple([g.kind for g in pipe])
+        floor = floors.get((kinds, in_flight), False)
+        if floor is False:
+            floor = floors[kinds, in_flight] = _pipeline_floor(kinds, model, in_flight or model.micro_batches)
+        if floor is None:
+            return None
+        comms = [
+            2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
+            for a, b in zip(pipe, pipe[1:])
+        ]
+        firsts.append(floor[0] + sum(comms))
+        eaches.append(max([floor[1], *comms]))
+    counts = assign_micro_batches(firsts, eaches, model.micro_batches)
+    if counts is None:
+        return None
+    return max(f + (m - 1) * e for f, e, m in zip(firsts, eaches, counts))
+
+
+def _pipeline_floor(kinds: tuple, model: ModelSpec, in_flight: int) -> tuple[float, float] | None:
+    """(first, each) bounded below for stages of these kinds, without links between stages."""
+    weights = [
+        3 * model.block_flops / (t * speed)
+        + (4 * (2 * (t - 1) / t) * model.activation_bytes / intra_bw if t > 1 else 0.0)
+        for t, speed, _, intra_bw in kinds
+    ]
+    extras = [0.0] * (len(kinds) - 1) + [3 * model.head_flops / (kinds[-1][0] * kinds[-1][1])]
+    counts = _split(weights, extras, _block_caps(kinds, model, in_flight), model.layers)
+    if counts is None:
+        return None
+    each = max([n * w + e for n, w, e in zip(counts, weights, extras)])
+    return sum(weights) + (model.layers - len(kinds)) * min(weights) + extras[-1], each
 
 
 class Partition(list):

@@ -5,12 +5,14 @@ to go faster changes no plan."""
 from __future__ import annotations
 
 import gc
+import math
 
 import pytest
 
 from drover.planner import candidate as candidate_module
 from drover.planner import search as search_module
-from drover.planner.cost import evaluate, validate
+from drover.planner.cost import dp_sync_floor, evaluate, pipeline_terms, validate
+from drover.planner.orchestration import slowest_floor
 from drover.planner.search import make_plan
 
 from support import make_cluster, make_model
@@ -66,6 +68,41 @@ def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, vari
     monkeypatch.setattr(search_module, "KEPT", 10**9)
     assert make_plan(cluster, model) == plan
     assert pruned < len(syncs), (pruned, len(syncs))
+
+
+@pytest.mark.parametrize(
+    "variant, rates",
+    [
+        ("one-straggler", {"n0_2": 1.5, "n2_6": 6.0, "n3_1": 2.5}),
+        ("ib-roce", {"n1_0": 4.0, "n1_1": 4.0, "n2_3": "inf"}),
+        ("one-ethernet", {"n4_4": 1.3}),
+    ],
+)
+def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypatch, variant, rates):
+    """search._layout drops a layout before splitting its blocks when slowest_floor +
+    dp_sync_floor passes its bound: neither may ever exceed what a split of the layout reaches."""
+    cluster, model = make_cluster(variant, **rates), make_model("gpt-7b")
+    checked = []
+    best_partition = search_module.best_partition
+
+    def checking(pipelines, costs, removed, model, cluster, every_crossing=False, bound=math.inf):
+        found = best_partition(pipelines, costs, removed, model, cluster, every_crossing)
+        if found is not None and found.micro_batches:
+            slowest = max(
+                f + (m - 1) * e
+                for (f, e), m in (
+                    (pipeline_terms(row, model, cluster), m) for row, m in zip(found.costs, found.micro_batches)
+                )
+            )
+            floor = slowest_floor(pipelines, model, cluster)
+            assert floor <= slowest * (1 + 1e-9)
+            assert floor + dp_sync_floor(pipelines, model, cluster) <= found.step_time_s * (1 + 1e-9)
+            checked.append(floor / slowest)
+        return None if found is None or found.step_time_s > bound else found
+
+    monkeypatch.setattr(search_module, "best_partition", checking)
+    make_plan(cluster, model)
+    assert len(checked) > 100 and max(checked) > 0.9, (len(checked), max(checked))
 
 
 def test_the_collector_is_paused_only_while_drover_searches(monkeypatch):
