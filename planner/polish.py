@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
-from .cost import StageCost, fits_memory, most_micro_batches
+from .cost import StageCost, dp_sync_floor, fits_memory, most_micro_batches
 from .grouping import Group, group_of
 from .model import ModelSpec
-from .orchestration import partition_layers
+from .orchestration import partition_layers, slowest_floor
 
 Pipelines = tuple[tuple[Group, ...], ...]
 SIGNATURE_SHARE = 8  # a layout's signature costs about this fraction of scoring it
@@ -53,8 +53,20 @@ class Polisher:
         """The group of these devices (one node), cached by its members."""
         return group_of(self.cluster, self.model, tuple(sorted(ids, key=lambda d: self.devices[d].index)))
 
-    def evaluate(self, layout: Layout, signature: tuple | None = None) -> Candidate | None:
-        """The layout scored (cached); `signature`, if the caller has it, spares working it out."""
+    def evaluate(self, layout: Layout, signature: tuple | None = None, bound: float = math.inf) -> Candidate | None:
+        """The layout scored (cached); `signature`, if the caller has it, spares working it out.
+        None, without scoring it, if it cannot beat `bound` (orchestration.slowest_floor +
+        cost.dp_sync_floor): its stages are spent all the same, so the budget ends where it
+        would, and its signature is known to score that floor at least."""
+        if layout not in self.seen and bound < math.inf:
+            pipes = [list(pipe) for pipe in layout.pipelines]
+            fits = len(pipes) <= self.model.micro_batches  # aligned splits may fit with fewer in flight only
+            floor = slowest_floor(pipes, self.model, self.cluster, in_flight=1) if fits else None
+            if floor is not None and (floor := floor + dp_sync_floor(pipes, self.model, self.cluster)) > bound:
+                signature = self.signature(layout) if signature is None else signature
+                self.alike[signature] = max(floor, self.alike.get(signature, 0.0))
+                self._spend(sum(map(len, layout.pipelines)))
+                return None
         if layout not in self.seen:
             found = self.seen[layout] = _candidate(layout, self.cluster, self.model)
             signature = self.signature(layout) if signature is None else signature
@@ -335,7 +347,7 @@ class Polisher:
                     known, signature = self.known_alike(edit)
                     if known is not None and known >= best.step_time_s * (1 - 1e-9):
                         continue  # alike one no faster
-                found = self.evaluate(edit, signature)
+                found = self.evaluate(edit, signature, best.step_time_s)
                 if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
                     layout, best, improved = edit, found, True
                     break

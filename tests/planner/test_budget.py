@@ -10,12 +10,19 @@ import math
 import pytest
 
 from drover.planner import candidate as candidate_module
+from drover.planner import polish as polish_module
 from drover.planner import search as search_module
 from drover.planner.cost import dp_sync_floor, evaluate, pipeline_terms, validate
 from drover.planner.orchestration import slowest_floor
 from drover.planner.search import make_plan
 
 from support import make_cluster, make_model
+
+PRUNED_CLUSTERS = [
+    ("one-straggler", {"n0_2": 1.5, "n2_6": 6.0, "n3_1": 2.5}),
+    ("ib-roce", {"n1_0": 4.0, "n1_1": 4.0, "n2_3": "inf"}),
+    ("one-ethernet", {"n4_4": 1.3}),
+]
 
 
 def _counting_layouts(monkeypatch) -> list:
@@ -47,14 +54,7 @@ def test_a_budget_that_is_not_spent_changes_nothing():
     assert make_plan(cluster, model, budget_s=3600.0) == make_plan(cluster, model)
 
 
-@pytest.mark.parametrize(
-    "variant, rates",
-    [
-        ("one-straggler", {"n0_2": 1.5, "n2_6": 6.0, "n3_1": 2.5}),
-        ("ib-roce", {"n1_0": 4.0, "n1_1": 4.0, "n2_3": "inf"}),
-        ("one-ethernet", {"n4_4": 1.3}),
-    ],
-)
+@pytest.mark.parametrize("variant, rates", PRUNED_CLUSTERS)
 def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, variant, rates):
     """A layout whose pipelines alone are slower than every layout a later choice reads is not
     worked out further (search.KEPT): the plan is the one of the search that works out all."""
@@ -70,14 +70,7 @@ def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, vari
     assert pruned < len(syncs), (pruned, len(syncs))
 
 
-@pytest.mark.parametrize(
-    "variant, rates",
-    [
-        ("one-straggler", {"n0_2": 1.5, "n2_6": 6.0, "n3_1": 2.5}),
-        ("ib-roce", {"n1_0": 4.0, "n1_1": 4.0, "n2_3": "inf"}),
-        ("one-ethernet", {"n4_4": 1.3}),
-    ],
-)
+@pytest.mark.parametrize("variant, rates", PRUNED_CLUSTERS)
 def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypatch, variant, rates):
     """search._layout drops a layout before splitting its blocks when slowest_floor +
     dp_sync_floor passes its bound: neither may ever exceed what a split of the layout reaches."""
@@ -103,6 +96,22 @@ def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypat
     monkeypatch.setattr(search_module, "best_partition", checking)
     make_plan(cluster, model)
     assert len(checked) > 100 and max(checked) > 0.9, (len(checked), max(checked))
+
+
+@pytest.mark.parametrize("variant, rates", PRUNED_CLUSTERS)
+def test_edits_local_search_drops_by_their_floors_change_no_plan(monkeypatch, variant, rates):
+    """An edit that cannot beat the layout it edits is not scored (its stages are spent all the
+    same): the plan is the one of a local search that scores every edit."""
+    cluster, model = make_cluster(variant, **rates), make_model("gpt-7b")
+    scored = []
+    candidate = polish_module._candidate
+    monkeypatch.setattr(polish_module, "_candidate", lambda *a, **k: scored.append(1) or candidate(*a, **k))
+    plan = make_plan(cluster, model)
+    dropping = len(scored)
+    scored.clear()
+    monkeypatch.setattr(polish_module, "slowest_floor", lambda *a, **k: None)
+    assert make_plan(cluster, model) == plan
+    assert dropping < len(scored), (dropping, len(scored))
 
 
 def test_the_collector_is_paused_only_while_drover_searches(monkeypatch):
