@@ -98,6 +98,12 @@ class Cluster:
         return {}
 
     @cached_property
+    def runs_memo(self) -> dict[tuple[int, ...], tuple]:
+        """orchestration.network_runs's answers: a pipeline's runs of stages on one network, by
+        its stages' nodes."""
+        return {}
+
+    @cached_property
     def partition_memo(self) -> dict[int, tuple]:
         """orchestration.partition_layers's answers for this cluster: id(model) -> (model,
         answers, block counts)."""

@@ -150,17 +150,56 @@ def block_holders(costs: list[list[StageCost]]) -> Iterator[tuple[int, int, list
         yield a, b, cursor
 
 
+def sync_runs(costs: list[list[StageCost]], cluster: Cluster) -> tuple[list[int], list, list]:
+    """How the blocks of a split sync: (each pipeline's split class, per class a row split so
+    and per stage its holders' (sizes, nodes), and per run of blocks with the same holders (a,
+    b, each class's stage holding them, the bandwidth they sync at: the slowest pair of the
+    holders at the narrowest holder's TP)). Pipelines split at the same blocks pay alike, so
+    each class is walked once. A split of partition_layers keeps its answer: the re-split
+    reads it first and the score then."""
+    walk = getattr(costs, "sync_walk", None)
+    if walk is not None:
+        return walk
+    classes: dict[tuple[int, ...], int] = {}  # block ends -> class
+    class_of, rows = [], []
+    for row in costs:
+        c = classes.setdefault(tuple([s.end for s in row]), len(classes))
+        if c == len(rows):
+            rows.append((row, [([], []) for _ in row]))
+        class_of.append(c)
+        for (ts, nodes), s in zip(rows[c][1], row):
+            ts.append(s.t)
+            nodes.append(s.node)
+    if len(rows) == 1:  # aligned: stage k holds the same blocks everywhere
+        row, stages = rows[0]
+        runs = [
+            (s.start, s.end, (k,), min(ts) * min_pair_bw(nodes, cluster))
+            for k, (s, (ts, nodes)) in enumerate(zip(row, stages))
+        ]
+    else:
+        runs = []
+        for a, b, holders in block_holders([row for row, _ in rows]):
+            ts, nodes = [], []
+            for (_, stages), k in zip(rows, holders):
+                ts += stages[k][0]
+                nodes += stages[k][1]
+            runs.append((a, b, tuple(holders), min(ts) * min_pair_bw(nodes, cluster)))
+    walk = (class_of, rows, runs)
+    if hasattr(costs, "sync_walk"):
+        costs.sync_walk = walk
+    return walk
+
+
 def stage_sync_bws(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple[float, ...]]:
     """Per pipeline, per stage: the bandwidth its blocks' gradients sync at, as dp_sync_s pays
-    it (the slowest pair of the blocks' holders, at the narrowest holder's TP), put per GPU of
-    the stage's own TP size."""
-    out = [[math.inf] * len(row) for row in costs]
-    for _, _, holders in block_holders(costs):
-        stages = [row[k] for row, k in zip(costs, holders)]
-        bw = min_pair_bw([s.node for s in stages], cluster) * min(s.t for s in stages)
-        for row_out, s, k in zip(out, stages, holders):
-            row_out[k] = min(row_out[k], bw / s.t)
-    return [tuple(row) for row in out]
+    it (the slowest of its runs of blocks, sync_runs), put per GPU of the stage's own TP size."""
+    class_of, rows, runs = sync_runs(costs, cluster)
+    slowest = [[math.inf] * len(row) for row, _ in rows]
+    for _, _, holders, bw in runs:
+        for row_bw, k in zip(slowest, holders):
+            if bw < row_bw[k]:
+                row_bw[k] = bw
+    return [tuple([bw / s.t for bw, s in zip(slowest[c], row)]) for c, row in zip(class_of, costs)]
 
 
 def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
@@ -175,29 +214,11 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
 
     emb = sync(model.embedding_params, [row[0].t for row in costs], [row[0].node for row in costs])
     head = sync(model.head_params, [row[-1].t for row in costs], [row[-1].node for row in costs])
-    # Pipelines split at the same blocks pay alike: each such split is summed once, its stage k
-    # syncing with the stages of every pipeline that hold the same blocks.
-    splits: dict[tuple[int, ...], tuple] = {}  # block ends -> (a row split so, per stage (sizes, nodes))
-    for row in costs:
-        split = splits.get(ends := tuple([s.end for s in row]))
-        if split is None:
-            split = splits[ends] = (row, [([], []) for _ in row])
-        for (ts, nodes), s in zip(split[1], row):
-            ts.append(s.t)
-            nodes.append(s.node)
-    if len(splits) == 1:  # aligned: stage k holds the same blocks everywhere
-        paid = [(s.end - s.start) * sync(model.block_params, *stage) for s, stage in zip(costs[0], split[1])]
-        paid[0] += emb
-        paid[-1] += head
-        return max(paid)
-    rows = list(splits.values())
+    _, rows, runs = sync_runs(costs, cluster)
     paid = [[0.0] * len(row) for row, _ in rows]
-    for a, b, holders in block_holders([row for row, _ in rows]):
-        ts, nodes = [], []
-        for (_, stages), k in zip(rows, holders):
-            ts += stages[k][0]
-            nodes += stages[k][1]
-        per_block = sync(model.block_params, ts, nodes)
+    per_params = factor * 2 * model.block_params
+    for a, b, holders, bw in runs:
+        per_block = per_params / bw
         for row_paid, k in zip(paid, holders):
             row_paid[k] += (b - a) * per_block
     for row_paid in paid:

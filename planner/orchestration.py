@@ -136,7 +136,7 @@ def partition_layers(
         hops = hops_of.get(nodes)  # the terms depend on them
         if hops is None:
             hops = hops_of[nodes] = tuple([link(a, b) for a, b in zip(nodes, nodes[1:])])
-        runs = _runs([cluster.nodes[g.node].nic_class for g in pipe]) if crossings else None
+        runs = network_runs(nodes, cluster) if crossings else None
         answer = solved.get((kinds, hops, at, runs, crossings, mu, sync_factor, in_flight))
         if answer is None:  # the blocks, then, may be known without the hops
             key = (kinds, at, runs, crossings, mu, sync_factor, in_flight)
@@ -209,11 +209,13 @@ def _pipeline_floor(kinds: tuple, model: ModelSpec, in_flight: int) -> tuple[flo
 
 class Partition(list):
     """partition_layers's answer: per pipeline, its stages' costs; and in `terms`, each
-    pipeline's (first, each) of cost.pipeline_terms, solved once per kind of pipeline."""
+    pipeline's (first, each) of cost.pipeline_terms, solved once per kind of pipeline; and
+    in `sync_walk`, cost.sync_runs's answer once asked."""
 
     def __init__(self) -> None:
         super().__init__()
         self.terms: list[tuple[float, float]] = []
+        self.sync_walk: tuple | None = None
 
 
 def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: bool = True) -> list[tuple[int, ...]]:
@@ -224,7 +226,7 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
     median alone unless `every`)."""
     if len(cluster.nic_order) < 2:  # one network: nothing to cross
         return []
-    runs = [_runs([cluster.nodes[c.node].nic_class for c in row]) for row in costs]
+    runs = [network_runs(tuple([c.node for c in row]), cluster) for row in costs]
     if len({tuple(cls for cls, _ in r) for r in runs}) != 1 or len(runs[0]) < 2:
         return []
     ends = []
@@ -237,15 +239,19 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
     return sorted({at[0], at[len(at) // 2], at[-1]}) if every else [at[len(at) // 2]]
 
 
-def _runs(classes: list[str]) -> tuple[tuple[str, int], ...]:
-    """Consecutive stages on one network: (class, how many), in pipeline order."""
-    out: list[list] = []
-    for cls in classes:
-        if out and out[-1][0] == cls:
-            out[-1][1] += 1
-        else:
-            out.append([cls, 1])
-    return tuple((cls, n) for cls, n in out)
+def network_runs(nodes: tuple[int, ...], cluster: Cluster) -> tuple[tuple[str, int], ...]:
+    """Consecutive stages on one network: (class, how many), in pipeline order, of a pipeline
+    whose stages are on these nodes."""
+    runs = cluster.runs_memo.get(nodes)
+    if runs is None:
+        out: list[list] = []
+        for cls in [cluster.nodes[n].nic_class for n in nodes]:
+            if out and out[-1][0] == cls:
+                out[-1][1] += 1
+            else:
+                out.append([cls, 1])
+        runs = cluster.runs_memo[nodes] = tuple((cls, n) for cls, n in out)
+    return runs
 
 
 def stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
