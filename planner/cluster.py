@@ -104,9 +104,8 @@ class Cluster:
         return {}
 
     @cached_property
-    def partition_memo(self) -> dict[int, tuple]:
-        """orchestration.partition_layers's answers for this cluster: id(model) -> (model,
-        answers, block counts)."""
+    def partition_memo(self) -> dict[int, object]:
+        """orchestration's answers for this cluster, per model: id(model) -> orchestration._Memo."""
         return {}
 
     @cached_property

@@ -121,16 +121,18 @@ def partition_layers(
     mu = model.micro_batches / D + depth - 1  # how many tau a pipeline's step lasts
     sync_factor = 2 * (D - 1) / D * 2 * model.block_params if D > 1 else 0.0
     nodes_of = [tuple([g.node for g in pipe]) for pipe in pipelines]
-    holders = [[nodes[k] for nodes in nodes_of if len(nodes) > k] for k in range(depth)]
-    positions = tuple(min_pair_bw(nodes, cluster) if len(nodes) > 1 else float("inf") for nodes in holders)
+    if sync_bws is None:
+        holders = [[nodes[k] for nodes in nodes_of if len(nodes) > k] for k in range(depth)]
+        positions = tuple(min_pair_bw(nodes, cluster) if len(nodes) > 1 else float("inf") for nodes in holders)
     link, hops_of = cluster.link_bw, cluster.hops_memo
     out = Partition()
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
     # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
     # kept with its answers, so its id cannot be reused while they are).
-    solved, blocks = cluster.partition_memo.setdefault(id(model), (model, {}, {}, {}))[1:3]
+    memo = _memo(cluster, model)
+    solved, blocks = memo.solved, memo.blocks
     for p, pipe in enumerate(pipelines):
-        at = sync_bws[p] if sync_bws else positions[: len(pipe)]
+        at = sync_bws[p] if sync_bws is not None else positions[: len(pipe)]
         kinds = tuple([g.kind for g in pipe])
         nodes = nodes_of[p]
         hops = hops_of.get(nodes)  # the terms depend on them
@@ -142,7 +144,8 @@ def partition_layers(
             key = (kinds, at, runs, crossings, mu, sync_factor, in_flight)
             if key not in blocks:
                 shape = [kind + (bw,) for kind, bw in zip(kinds, at)]
-                terms = stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches)
+                caps = memo.caps_of(kinds, in_flight or model.micro_batches)
+                terms = stage_terms(shape, model, mu, sync_factor, in_flight or model.micro_batches, caps)
                 blocks[key] = _blocks_per_stage(terms, model.layers, runs, crossings)
             answer = solved[(kinds, hops) + key[1:]] = [blocks[key], None]
         counts = answer[0]
@@ -171,40 +174,68 @@ def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Clust
     minimises the slowest stage's compute and tensor-parallel time (the greedy of _split,
     optimal for that min-max), and by one block per stage and the rest on the fastest stage.
     The fastest finish of micro-batches only grows with first and each."""
-    floors = cluster.partition_memo.setdefault(id(model), (model, {}, {}, {}))[3]
+    memo = _memo(cluster, model)
+    floors, hops_of = memo.floors, cluster.hops_memo
+    in_flight = in_flight or model.micro_batches
     firsts, eaches = [], []
     for pipe in pipelines:
         kinds = tuple([g.kind for g in pipe])
-        floor = floors.get((kinds, in_flight), False)
+        nodes = tuple([g.node for g in pipe])
+        hops = hops_of.get(nodes)
+        if hops is None:
+            hops = hops_of[nodes] = tuple([cluster.link_bw(a, b) for a, b in zip(nodes, nodes[1:])])
+        floor = floors.get((kinds, hops, in_flight), False)
         if floor is False:
-            floor = floors[kinds, in_flight] = _pipeline_floor(kinds, model, in_flight or model.micro_batches)
+            floor = floors[kinds, hops, in_flight] = _pipeline_floor(kinds, hops, model, memo.caps_of(kinds, in_flight))
         if floor is None:
             return None
-        comms = [
-            2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
-            for a, b in zip(pipe, pipe[1:])
-        ]
-        firsts.append(floor[0] + sum(comms))
-        eaches.append(max([floor[1], *comms]))
+        firsts.append(floor[0])
+        eaches.append(floor[1])
     counts = assign_micro_batches(firsts, eaches, model.micro_batches)
     if counts is None:
         return None
     return max(f + (m - 1) * e for f, e, m in zip(firsts, eaches, counts))
 
 
-def _pipeline_floor(kinds: tuple, model: ModelSpec, in_flight: int) -> tuple[float, float] | None:
-    """(first, each) bounded below for stages of these kinds, without links between stages."""
+def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, caps: list[int]) -> tuple[float, float] | None:
+    """(first, each) bounded below for stages of these kinds, these links between them."""
     weights = [
         3 * model.block_flops / (t * speed)
         + (4 * (2 * (t - 1) / t) * model.activation_bytes / intra_bw if t > 1 else 0.0)
         for t, speed, _, intra_bw in kinds
     ]
     extras = [0.0] * (len(kinds) - 1) + [3 * model.head_flops / (kinds[-1][0] * kinds[-1][1])]
-    counts = _split(weights, extras, _block_caps(kinds, model, in_flight), model.layers)
+    counts = _split(weights, extras, caps, model.layers)
     if counts is None:
         return None
-    each = max([n * w + e for n, w, e in zip(counts, weights, extras)])
-    return sum(weights) + (model.layers - len(kinds)) * min(weights) + extras[-1], each
+    comms = [2 * model.activation_bytes / (min(a[0], b[0]) * bw) for a, b, bw in zip(kinds, kinds[1:], hops)]
+    each = max([n * w + e for n, w, e in zip(counts, weights, extras)] + comms)
+    return sum(weights) + (model.layers - len(kinds)) * min(weights) + extras[-1] + sum(comms), each
+
+
+class _Memo:
+    """What partition_layers and slowest_floor work out per cluster and model (the model is kept
+    with its answers, so its id cannot be reused while they are)."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+        self.solved: dict[tuple, list] = {}  # per kind of pipeline and its links: [blocks, terms]
+        self.blocks: dict[tuple, list[int] | None] = {}  # per kind of pipeline: blocks per stage
+        self.floors: dict[tuple, tuple[float, float] | None] = {}  # slowest_floor's per pipeline
+        self.caps: dict[tuple, list[int]] = {}
+
+    def caps_of(self, kinds: tuple, in_flight: int) -> list[int]:
+        caps = self.caps.get((kinds, in_flight))
+        if caps is None:
+            caps = self.caps[kinds, in_flight] = _block_caps(kinds, self.model, in_flight)
+        return caps
+
+
+def _memo(cluster: Cluster, model: ModelSpec) -> _Memo:
+    memo = cluster.partition_memo.get(id(model))
+    if memo is None:
+        memo = cluster.partition_memo[id(model)] = _Memo(model)
+    return memo
 
 
 class Partition(list):
@@ -254,10 +285,10 @@ def network_runs(nodes: tuple[int, ...], cluster: Cluster) -> tuple[tuple[str, i
     return runs
 
 
-def stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int):
+def stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, in_flight: int, caps=None):
     """Per stage of a shape of (t, speed, memory, intra-node bandwidth, sync bandwidth): time per
     block w_k, the LM head's time e_k, and the most blocks memory holds (with `in_flight`
-    micro-batches at most)."""
+    micro-batches at most; `caps` if already known)."""
     S = len(shape)
     weights, extras = [], []
     for k, (t, speed, _, intra_bw, sync_bw) in enumerate(shape):
@@ -267,7 +298,7 @@ def stage_terms(shape: tuple, model: ModelSpec, mu: float, sync_factor: float, i
         w += sync_factor / (t * sync_bw) / mu
         weights.append(w)
         extras.append(3 * model.head_flops / (t * speed) if k == S - 1 else 0.0)
-    return weights, extras, _block_caps(shape, model, in_flight)
+    return weights, extras, _block_caps(shape, model, in_flight) if caps is None else caps
 
 
 def _block_caps(kinds: tuple, model: ModelSpec, in_flight: int) -> list[int]:
