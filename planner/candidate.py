@@ -13,6 +13,13 @@ from .model import ModelSpec
 from .orchestration import Partition, network_crossings, partition_layers
 from .plan import Pipeline, Plan, Stage
 
+# Splitting a layout again by its stages' sync bandwidths moves its step by a few percent: a split
+# further behind the fastest than this is not split again. In the 64-GPU generated scenarios on two
+# networks (seed 0), a split behind the fastest overtook the fastest's own re-split in 24 of 1,999
+# layouts, 2.4% behind at the median and 4.5% at the 90th percentile; with 5%, no plan of the 81
+# scenarios on two networks changed, and planning took 5% less time.
+RESPLIT_BAND = 1.05
+
 
 @dataclass
 class Candidate:
@@ -67,26 +74,27 @@ def best_partition(
     (network_crossings; the median one alone unless `every_crossing`): the fastest. Pipelines
     of unlike depths are split again too, each stage weighing its gradient sync at the bandwidth
     its blocks' holders sync at (stages of one index hold unlike blocks), on clusters of more
-    than one network. None if nothing fits, or if every split's pipelines alone take longer
-    than `bound`."""
+    than one network: the splits within RESPLIT_BAND of the fastest. None if nothing fits, or
+    if every split's pipelines alone take longer than `bound`."""
     devices = [[g.devices for g in pipe] for pipe in pipelines]
-    # On one network the holders of a stage index sync at about one bandwidth whatever blocks
-    # they hold: splitting again there changed one plan of 120 generated scenarios, by 0.06%.
-    unlike = len(cluster.nic_order) > 1 and len({len(row) for row in costs}) > 1
-    best = None
+    scored = []
     for crossing in [None, *network_crossings(costs, cluster, every_crossing)]:
         split = costs if crossing is None else partition_layers(pipelines, model, cluster, crossings=crossing)
-        if split is None:
+        if split is not None:
+            scored.append((score(devices, split, removed, model, cluster, bound=bound), crossing, split))
+    fitting = [found for found, _, _ in scored if found is not None]
+    best = min(fitting, key=lambda found: found.step_time_s) if fitting else None
+    # On one network the holders of a stage index sync at about one bandwidth whatever blocks
+    # they hold: splitting again there changed one plan of 120 generated scenarios, by 0.06%.
+    if best is None or len(cluster.nic_order) < 2 or len({len(row) for row in costs}) < 2:
+        return best
+    near = best.step_time_s * RESPLIT_BAND
+    for found, crossing, split in scored:
+        if found is None or found.step_time_s > near:
             continue
-        splits = [split]
-        if unlike:
-            again = partition_layers(
-                pipelines, model, cluster, crossings=crossing, sync_bws=stage_sync_bws(split, cluster)
-            )
-            if again is not None and again != split:
-                splits.append(again)
-        for split in splits:
-            found = score(devices, split, removed, model, cluster, bound=bound)
-            if found is not None and (best is None or found.step_time_s < best.step_time_s):
-                best = found
+        again = partition_layers(pipelines, model, cluster, crossings=crossing, sync_bws=stage_sync_bws(split, cluster))
+        if again is not None and again != split:
+            other = score(devices, again, removed, model, cluster, bound=bound)
+            if other is not None and other.step_time_s < best.step_time_s:
+                best = other
     return best
