@@ -127,8 +127,7 @@ def partition_layers(
     link, hops_of = cluster.link_bw, cluster.hops_memo
     out = Partition()
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
-    # kind is solved once per cluster and model, its blocks and its pipeline terms (the model is
-    # kept with its answers, so its id cannot be reused while they are).
+    # kind is solved once per cluster and model, its blocks and its pipeline terms.
     memo = _memo(cluster, model)
     solved, blocks = memo.solved, memo.blocks
     for p, pipe in enumerate(pipelines):
