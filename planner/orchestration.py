@@ -19,7 +19,7 @@ import heapq
 
 from .assignment import assign_micro_batches
 from .cluster import Cluster
-from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, min_pair_bw, pipeline_terms
+from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, dp_sync_floor, min_pair_bw, pipeline_terms
 from .grouping import Group
 from .model import ModelSpec
 
@@ -159,6 +159,14 @@ def partition_layers(
         out.append(row)
         out.terms.append(answer[1])
     return out
+
+
+def step_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0) -> float | None:
+    """A lower bound on the step time of these pipelines under any split of the blocks
+    (slowest_floor + cost.dp_sync_floor), known before they are split; None if some pipeline
+    cannot hold the model."""
+    slowest = slowest_floor(pipelines, model, cluster, in_flight)
+    return None if slowest is None else slowest + dp_sync_floor(pipelines, model, cluster)
 
 
 def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0) -> float | None:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
-from .cost import StageCost, dp_sync_floor, fits_memory, most_micro_batches
+from .cost import StageCost, fits_memory, most_micro_batches
 from .grouping import Group, group_of
 from .model import ModelSpec
-from .orchestration import partition_layers, slowest_floor
+from .orchestration import partition_layers, step_floor
 
 Pipelines = tuple[tuple[Group, ...], ...]
 SIGNATURE_SHARE = 8  # a layout's signature costs about this fraction of scoring it
@@ -55,14 +55,13 @@ class Polisher:
 
     def evaluate(self, layout: Layout, signature: tuple | None = None, bound: float = math.inf) -> Candidate | None:
         """The layout scored (cached); `signature`, if the caller has it, spares working it out.
-        None, without scoring it, if it cannot beat `bound` (orchestration.slowest_floor +
-        cost.dp_sync_floor): its stages are spent all the same, so the budget ends where it
-        would, and its signature is known to score that floor at least."""
-        if layout not in self.seen and bound < math.inf:
-            pipes = [list(pipe) for pipe in layout.pipelines]
-            fits = len(pipes) <= self.model.micro_batches  # aligned splits may fit with fewer in flight only
-            floor = slowest_floor(pipes, self.model, self.cluster, in_flight=1) if fits else None
-            if floor is not None and (floor := floor + dp_sync_floor(pipes, self.model, self.cluster)) > bound:
+        None, without scoring it, if it cannot beat `bound` (orchestration.step_floor; an edit
+        beats it by 1e-9 of it, far past rounding): its stages are spent all the same, so the
+        budget ends where it would, and its signature is known to score that floor at least."""
+        if layout not in self.seen and bound < math.inf and len(layout.pipelines) <= self.model.micro_batches:
+            # memory with one micro-batch in flight: an aligned split may fit only so
+            floor = step_floor(layout.pipelines, self.model, self.cluster, in_flight=1)
+            if floor is not None and floor > bound:
                 signature = self.signature(layout) if signature is None else signature
                 self.alike[signature] = max(floor, self.alike.get(signature, 0.0))
                 self._spend(sum(map(len, layout.pipelines)))

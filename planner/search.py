@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from . import baselines
 from .candidate import Candidate, best_partition
 from .cluster import Cluster
-from .cost import dp_sync_floor
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
@@ -44,7 +43,7 @@ from .orchestration import (
     holds_model,
     in_order,
     partition_layers,
-    slowest_floor,
+    step_floor,
 )
 from .plan import Plan
 from .polish import polish, with_few_in_flight
@@ -76,7 +75,7 @@ POLISH_STARTS = 8  # the best layouts local search starts from
 # starts, with the copies split at every crossing): a layout slower than that many, than its own
 # set of nodes' 2 x FINALISTS fastest and than its TP size's fastest changes nothing after it.
 KEPT = 24
-FLOOR_SLACK = 1 + 1e-9  # slowest_floor sums in another order than the cost model: rounding apart
+FLOOR_SLACK = 1 + 1e-9  # step_floor sums in another order than the cost model: rounding apart
 # Stages local search may score (a layout costs about its number of stages): 5,000 up to 64
 # GPUs, 75 a GPU past that (targets: 64 GPUs in 0.2 s, 1,024 in 3 s). Layouts of few, wide stages
 # are cheap, so more of them are tried.
@@ -191,9 +190,9 @@ def _layout(
     """Arranged pipelines scored: blocks partitioned, stages past L or pipelines that cannot hold
     the model alone left idle, micro-batches assigned; None if nothing fits, or if its pipelines
     alone take longer than `bound`."""
-    if bound < math.inf and (floor := slowest_floor(pipelines, model, cluster)) is not None:
-        if floor + dp_sync_floor(pipelines, model, cluster) > bound * FLOOR_SLACK:
-            return None
+    floor = step_floor(pipelines, model, cluster) if bound < math.inf else None
+    if floor is not None and floor > bound * FLOOR_SLACK:
+        return None
     costs = partition_layers(pipelines, model, cluster)
     if costs is None and any(len(p) > model.layers for p in pipelines):  # a stage per block at most
         for pipe in pipelines:  # the slowest groups past L stay idle

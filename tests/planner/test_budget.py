@@ -72,8 +72,9 @@ def test_layouts_left_unsynced_past_the_leaders_change_no_plan(monkeypatch, vari
 
 @pytest.mark.parametrize("variant, rates", PRUNED_CLUSTERS)
 def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypatch, variant, rates):
-    """search._layout drops a layout before splitting its blocks when slowest_floor +
-    dp_sync_floor passes its bound: neither may ever exceed what a split of the layout reaches."""
+    """search._layout drops a layout before splitting its blocks when its step_floor
+    (slowest_floor + dp_sync_floor) passes its bound: neither may ever exceed what a split of
+    the layout reaches."""
     cluster, model = make_cluster(variant, **rates), make_model("gpt-7b")
     checked = []
     best_partition = search_module.best_partition
@@ -109,7 +110,7 @@ def test_edits_local_search_drops_by_their_floors_change_no_plan(monkeypatch, va
     plan = make_plan(cluster, model)
     dropping = len(scored)
     scored.clear()
-    monkeypatch.setattr(polish_module, "slowest_floor", lambda *a, **k: None)
+    monkeypatch.setattr(polish_module, "step_floor", lambda *a, **k: None)
     assert make_plan(cluster, model) == plan
     assert dropping < len(scored), (dropping, len(scored))
 
