@@ -202,18 +202,27 @@ def stage_sync_bws(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple
     return [tuple([bw / s.t for bw, s in zip(slowest[c], row)]) for c, row in zip(class_of, costs)]
 
 
-def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
-    """T_dp: the largest gradient all-reduce time any device pays."""
-    D = len(costs)
-    if D == 1:
-        return 0.0
+def _ends_sync(pipelines: list, model: ModelSpec, cluster: Cluster) -> tuple[float, float, float]:
+    """(the ring all-reduce's factor, the embedding's sync, the LM head's sync) of two or more
+    pipelines (their stages each with a node and a size t): what dp_sync_s pays at the ends."""
+    D = len(pipelines)
     factor = 2 * (D - 1) / D
 
-    def sync(params: int, ts: list[int], nodes: list[int]) -> float:
-        return factor * 2 * params / (min(ts) * min_pair_bw(nodes, cluster))
+    def sync(params: int, stages: list) -> float:
+        return factor * 2 * params / (min([s.t for s in stages]) * min_pair_bw([s.node for s in stages], cluster))
 
-    emb = sync(model.embedding_params, [row[0].t for row in costs], [row[0].node for row in costs])
-    head = sync(model.head_params, [row[-1].t for row in costs], [row[-1].node for row in costs])
+    return (
+        factor,
+        sync(model.embedding_params, [p[0] for p in pipelines]),
+        sync(model.head_params, [p[-1] for p in pipelines]),
+    )
+
+
+def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) -> float:
+    """T_dp: the largest gradient all-reduce time any device pays."""
+    if len(costs) == 1:
+        return 0.0
+    factor, emb, head = _ends_sync(costs, model, cluster)
     _, rows, runs = sync_runs(costs, cluster)
     paid = [[0.0] * len(row) for row, _ in rows]
     per_params = factor * 2 * model.block_params
@@ -240,13 +249,7 @@ def dp_sync_floor(pipelines: list, model: ModelSpec, cluster: Cluster) -> float:
     D = len(pipelines)
     if D == 1:
         return 0.0
-    factor = 2 * (D - 1) / D
-
-    def sync(params: int, ts: list[int], nodes: list[int]) -> float:
-        return factor * 2 * params / (min(ts) * min_pair_bw(nodes, cluster))
-
-    emb = sync(model.embedding_params, [p[0].t for p in pipelines], [p[0].node for p in pipelines])
-    head = sync(model.head_params, [p[-1].t for p in pipelines], [p[-1].node for p in pipelines])
+    factor, emb, head = _ends_sync(pipelines, model, cluster)
     out_bw = cluster.fastest_out_bw
     bw = min([max([out_bw[s.node] for s in pipe]) for pipe in pipelines])
     if D <= max(n.gpus for n in cluster.nodes):  # every pipeline may hold a stage on one node
