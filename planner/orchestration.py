@@ -16,6 +16,7 @@ falls back to TCP.
 from __future__ import annotations
 
 import heapq
+import math
 
 from .assignment import assign_micro_batches
 from .cluster import Cluster
@@ -124,7 +125,6 @@ def partition_layers(
     if sync_bws is None:
         holders = [[nodes[k] for nodes in nodes_of if len(nodes) > k] for k in range(depth)]
         positions = tuple(min_pair_bw(nodes, cluster) if len(nodes) > 1 else float("inf") for nodes in holders)
-    link, hops_of = cluster.link_bw, cluster.hops_memo
     out = Partition()
     # Most pipelines look alike, within a layout and across the layouts a search scores: each
     # kind is solved once per cluster and model, its blocks and its pipeline terms.
@@ -134,9 +134,7 @@ def partition_layers(
         at = sync_bws[p] if sync_bws is not None else positions[: len(pipe)]
         kinds = tuple([g.kind for g in pipe])
         nodes = nodes_of[p]
-        hops = hops_of.get(nodes)  # the terms depend on them
-        if hops is None:
-            hops = hops_of[nodes] = tuple([link(a, b) for a, b in zip(nodes, nodes[1:])])
+        hops = pipeline_hops(nodes, cluster)  # the terms depend on them
         runs = network_runs(nodes, cluster) if crossings else None
         answer = solved.get((kinds, hops, at, runs, crossings, mu, sync_factor, in_flight))
         if answer is None:  # the blocks, then, may be known without the hops
@@ -182,18 +180,15 @@ def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Clust
     optimal for that min-max), and by one block per stage and the rest on the fastest stage.
     The fastest finish of micro-batches only grows with first and each."""
     memo = _memo(cluster, model)
-    floors, hops_of = memo.floors, cluster.hops_memo
+    floors = memo.floors
     in_flight = in_flight or model.micro_batches
     firsts, eaches = [], []
     for pipe in pipelines:
         kinds = tuple([g.kind for g in pipe])
-        nodes = tuple([g.node for g in pipe])
-        hops = hops_of.get(nodes)
-        if hops is None:
-            hops = hops_of[nodes] = tuple([cluster.link_bw(a, b) for a, b in zip(nodes, nodes[1:])])
+        hops = pipeline_hops(tuple([g.node for g in pipe]), cluster)
         floor = floors.get((kinds, hops, in_flight), False)
         if floor is False:
-            floor = floors[kinds, hops, in_flight] = _pipeline_floor(kinds, hops, model, memo.caps_of(kinds, in_flight))
+            floor = floors[kinds, hops, in_flight] = _pipeline_floor(kinds, hops, model, in_flight, memo)
         if floor is None:
             return None
         firsts.append(floor[0])
@@ -204,14 +199,11 @@ def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Clust
     return max(f + (m - 1) * e for f, e, m in zip(firsts, eaches, counts))
 
 
-def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, caps: list[int]) -> tuple[float, float] | None:
-    """(first, each) bounded below for stages of these kinds, these links between them."""
-    weights = [
-        3 * model.block_flops / (t * speed)
-        + (4 * (2 * (t - 1) / t) * model.activation_bytes / intra_bw if t > 1 else 0.0)
-        for t, speed, _, intra_bw in kinds
-    ]
-    extras = [0.0] * (len(kinds) - 1) + [3 * model.head_flops / (kinds[-1][0] * kinds[-1][1])]
+def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, in_flight: int, memo: _Memo):
+    """(first, each) bounded below for stages of these kinds, these links between them (None if
+    they cannot hold the model): their stage_terms without gradient sync."""
+    shape = [kind + (math.inf,) for kind in kinds]
+    weights, extras, caps = stage_terms(shape, model, 1.0, 0.0, in_flight, memo.caps_of(kinds, in_flight))
     counts = _split(weights, extras, caps, model.layers)
     if counts is None:
         return None
@@ -275,6 +267,14 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
         return []
     at = sorted(ends)
     return sorted({at[0], at[len(at) // 2], at[-1]}) if every else [at[len(at) // 2]]
+
+
+def pipeline_hops(nodes: tuple[int, ...], cluster: Cluster) -> tuple[float, ...]:
+    """The link bandwidths between consecutive stages of a pipeline on these nodes."""
+    hops = cluster.hops_memo.get(nodes)
+    if hops is None:
+        hops = cluster.hops_memo[nodes] = tuple([cluster.link_bw(a, b) for a, b in zip(nodes, nodes[1:])])
+    return hops
 
 
 def network_runs(nodes: tuple[int, ...], cluster: Cluster) -> tuple[tuple[str, int], ...]:

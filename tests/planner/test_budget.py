@@ -12,7 +12,7 @@ import pytest
 from drover.planner import candidate as candidate_module
 from drover.planner import polish as polish_module
 from drover.planner import search as search_module
-from drover.planner.cost import dp_sync_floor, evaluate, pipeline_terms, validate
+from drover.planner.cost import dp_sync_floor, evaluate, pipeline_time_s, validate
 from drover.planner.orchestration import slowest_floor
 from drover.planner.search import make_plan
 
@@ -82,12 +82,7 @@ def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypat
     def checking(pipelines, costs, removed, model, cluster, every_crossing=False, bound=math.inf):
         found = best_partition(pipelines, costs, removed, model, cluster, every_crossing)
         if found is not None and found.micro_batches:
-            slowest = max(
-                f + (m - 1) * e
-                for (f, e), m in (
-                    (pipeline_terms(row, model, cluster), m) for row, m in zip(found.costs, found.micro_batches)
-                )
-            )
+            slowest = max(pipeline_time_s(row, m, model, cluster) for row, m in zip(found.costs, found.micro_batches))
             floor = slowest_floor(pipelines, model, cluster)
             assert floor <= slowest * (1 + 1e-9)
             assert floor + dp_sync_floor(pipelines, model, cluster) <= found.step_time_s * (1 + 1e-9)
