@@ -233,6 +233,7 @@ CLUSTER_VARIANTS = {
     "one-straggler": (4, ["infiniband"], {"n1/3": 3.0}),
     "hopeless-straggler": (4, ["infiniband"], {"n2/0": 12.0}),
     "failed": (4, ["infiniband"], {"n0/5": "inf"}),
+    "eight-failed": (8, ["infiniband"], {"n0/5": "inf"}),
     "slow-node": (4, ["infiniband"], {f"n3/{j}": 2.0 for j in range(8)}),
     "ib-roce": (4, ["infiniband", "roce"], {}),
     "ib-ethernet": (4, ["infiniband", "ethernet"], {}),

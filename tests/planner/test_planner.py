@@ -107,6 +107,25 @@ def test_an_odd_pipeline_holds_the_groups_an_even_depth_leaves_waiting(monkeypat
     assert plan.predicted.samples_per_s >= 1.02 * even.predicted.samples_per_s
 
 
+def test_block_depths_are_where_the_fullest_stage_holds_a_block_fewer():
+    """32 blocks, an LM head of about one block: 11 stages hold 3 blocks each (the last 2 beside
+    the head), 17 hold 2; steps of 25% from 8 (10, 12, 15, ...) miss both."""
+    assert search.block_depths(32, 63, head=1.02) == [8, 9, 11, 12, 16, 17, 32]
+    assert search.block_depths(32, 20, head=1.02) == [8, 9, 11, 12, 16, 17]  # no deeper than the groups
+    assert search.block_depths(32, 63, head=2.4) == [8, 9, 11, 12, 16, 17, 18, 32]  # 2 x 18 - 2.4 >= 32
+
+
+def test_a_climb_tries_the_depths_where_stages_hold_a_block_fewer(monkeypatch):
+    """63 GPUs (n0/5 failed), gpt-7b's 32 blocks: the plan has a pipeline of 11 stages of 3 blocks
+    (the last 2, beside the LM head), a depth between the search's steps of 25% (10, 12): 1.7%
+    faster than the plan without the block depths (measured 95.93 against 94.36 samples/s)."""
+    cluster, model = make_cluster("eight-failed"), make_model("gpt-7b", seq_len=2048)
+    plan = make_plan(cluster, model)
+    assert 11 in [len(p.stages) for p in plan.pipelines]
+    monkeypatch.setattr(search, "block_depths", lambda layers, groups, head: [])
+    assert plan.predicted.samples_per_s >= 1.015 * make_plan(cluster, model).predicted.samples_per_s
+
+
 def test_grouping_splits_by_rate_and_sizes_differ():
     cluster = make_cluster("healthy", n1_3=3.0, n1_4=3.0)
     groups, removed = form_groups(cluster, make_model("gpt-7b"), tp=4, split_ratio=SPLIT_RATIO)
