@@ -83,7 +83,7 @@ class Cluster:
     defaults: dict = field(default_factory=dict, hash=False, repr=False)  # for nodes that join later
 
     @cached_property
-    def pair_bw_memo(self) -> dict[tuple[int, ...], float]:
+    def pair_bw_memo(self) -> dict[tuple, float]:
         """cost.min_pair_bw's answers for this cluster (it is immutable)."""
         return {}
 

@@ -113,21 +113,32 @@ def min_pair_bw(nodes: list[int], cluster: Cluster) -> float:
 
     Link bandwidth depends only on the two nodes' network profiles, so the
     minimum over all pairs is a minimum over pairs of profiles present. The search asks
-    for the same sets many times: remembered per cluster."""
+    for the same sets many times, in many orders: remembered per cluster by the nodes as
+    given, then by the nodes present and those present twice."""
     key = tuple(nodes)
     memo = cluster.pair_bw_memo
-    if key not in memo:
-        memo[key] = _min_pair_bw(key, cluster)
-    return memo[key]
+    bw = memo.get(key)
+    if bw is None:
+        distinct = set(key)
+        twice: set[int] = set()
+        if len(distinct) < len(key):
+            seen: set[int] = set()
+            for n in key:
+                if n in seen:
+                    twice.add(n)
+                seen.add(n)
+        kind = (frozenset(distinct), frozenset(twice))
+        bw = memo.get(kind)
+        if bw is None:
+            bw = memo[kind] = _min_pair_bw(distinct, twice, cluster)
+        memo[key] = bw
+    return bw
 
 
-def _min_pair_bw(nodes: tuple[int, ...], cluster: Cluster) -> float:
-    counts = Counter(nodes)
-    best = math.inf
-    if any(c > 1 for c in counts.values()):
-        best = min(cluster.link_bw(n, n) for n, c in counts.items() if c > 1)
+def _min_pair_bw(distinct: set[int], twice: set[int], cluster: Cluster) -> float:
+    best = min([cluster.link_bw(n, n) for n in twice], default=math.inf)
     by_profile: dict[tuple, list[int]] = {}
-    for n in counts:
+    for n in distinct:
         by_profile.setdefault(cluster.network_profiles[n], []).append(n)
     reps = list(by_profile.values())
     for i, a in enumerate(reps):
