@@ -96,9 +96,10 @@ def test_the_floors_a_layout_is_dropped_by_are_below_every_split_of_it(monkeypat
 
 @pytest.mark.parametrize("variant, rates", PRUNED_CLUSTERS)
 def test_edits_local_search_drops_by_their_floors_change_no_plan(monkeypatch, variant, rates):
-    """An edit that cannot beat the layout it edits is not scored (its stages are spent all the
-    same): the plan is the one of a local search that scores every edit."""
+    """An edit that cannot beat the layout it edits is not scored: charged the stages of a
+    scored edit, the plan is the one of a local search that scores every edit."""
     cluster, model = make_cluster(variant, **rates), make_model("gpt-7b")
+    monkeypatch.setattr(polish_module, "FLOOR_SHARE", 1)
     scored = []
     candidate = polish_module._candidate
     monkeypatch.setattr(polish_module, "_candidate", lambda *a, **k: scored.append(1) or candidate(*a, **k))
