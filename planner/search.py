@@ -134,7 +134,7 @@ def block_depths(layers: int, groups: int, head: float) -> list[int]:
         fewest = -(-layers // n)
         out.update(range(fewest, min(top, math.ceil((layers + head) / n)) + 1))
         if fewest <= 8:
-            return sorted(out)
+            break
     return sorted(out)
 
 
