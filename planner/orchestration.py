@@ -176,7 +176,7 @@ def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Clust
     (0: M, as the splits of partition_layers; 1: as any split that fits at all).
 
     Per pipeline, (first, each) of cost.pipeline_terms are bounded below by the split that
-    minimises the slowest stage's compute and tensor-parallel time (the greedy of _split,
+    minimises the slowest stage's compute and tensor-parallel time (the greedy of split_blocks,
     optimal for that min-max), and by one block per stage and the rest on the fastest stage.
     The fastest finish of micro-batches only grows with first and each."""
     memo = _memo(cluster, model)
@@ -204,7 +204,7 @@ def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, in_flight: int,
     they cannot hold the model): their stage_terms without gradient sync."""
     shape = [kind + (math.inf,) for kind in kinds]
     weights, extras, caps = stage_terms(shape, model, 1.0, 0.0, in_flight, memo.caps_of(kinds, in_flight))
-    counts = _split(weights, extras, caps, model.layers)
+    counts = split_blocks(weights, extras, caps, model.layers)
     if counts is None:
         return None
     comms = [2 * model.activation_bytes / (min(a[0], b[0]) * bw) for a, b, bw in zip(kinds, kinds[1:], hops)]
@@ -336,12 +336,12 @@ def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int
     between its crossings."""
     weights, extras, caps = terms
     if not crossings:
-        return _split(weights, extras, caps, layers)
+        return split_blocks(weights, extras, caps, layers)
     if len(crossings) != len(runs) - 1:
         return None  # not this pipeline's networks
     bounds, out, k = (0, *crossings, layers), [], 0
     for (_, n), a, b in zip(runs, bounds, bounds[1:]):
-        part = _split(weights[k : k + n], extras[k : k + n], caps[k : k + n], b - a)
+        part = split_blocks(weights[k : k + n], extras[k : k + n], caps[k : k + n], b - a)
         if part is None:
             return None
         out += part
@@ -349,7 +349,9 @@ def _blocks_per_stage(terms, layers: int, runs=None, crossings=None) -> list[int
     return out
 
 
-def _split(weights: list[float], extras: list[float], caps: list[int], blocks: int) -> list[int] | None:
+def split_blocks(weights: list[float], extras: list[float], caps: list[int], blocks: int) -> list[int] | None:
+    """Blocks per stage minimising max_k (n_k * w_k + e_k) with 1 <= n_k <= caps[k] (None if they
+    cannot hold `blocks`): as adding them one at a time where the time stays lowest."""
     S = len(weights)
     if not _room_for(caps, blocks):
         return None

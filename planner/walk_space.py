@@ -22,7 +22,7 @@ import numpy as np
 from .cluster import Cluster
 from .cost import MEMORY_HEADROOM, StageCost, most_micro_batches, pipeline_terms, stage_memory_bytes
 from .model import ModelSpec
-from .orchestration import stage_terms
+from .orchestration import split_blocks, stage_terms
 
 REL = 1e-12  # scores closer than this are equal
 
@@ -158,14 +158,7 @@ class Space:
         comms = [2 * A / (min(a.t, b.t) * cl.link_bw(a.node, b.node)) for a, b in zip(groups, groups[1:])]
         csum, cmax = sum(comms), max(comms, default=0.0)
         # The min-max (smallest feasible bound on tau) by adding blocks where they cost least.
-        counts = [1] * S
-        heap = [(2 * w[k] + e[k], k) for k in range(S) if caps[k] > 1]
-        heapq.heapify(heap)
-        for _ in range(L - S):
-            _, k = heapq.heappop(heap)
-            counts[k] += 1
-            if counts[k] < caps[k]:
-                heapq.heappush(heap, ((counts[k] + 1) * w[k] + e[k], k))
+        counts = split_blocks(w, e, caps, L)
         x0 = max(counts[k] * w[k] + e[k] for k in range(S))
         order = sorted(range(S), key=lambda k: w[k])
         # Smallest possible sum of tau (cheapest stages filled first), a lower bound.

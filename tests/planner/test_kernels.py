@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from drover.planner.cost import StageCost, dp_sync_s, min_pair_bw
 from drover.planner.grouping import form_groups
-from drover.planner.orchestration import _split, holds_model, partition_layers
+from drover.planner.orchestration import holds_model, partition_layers, split_blocks
 
 from support import make_cluster, make_model
 
@@ -48,7 +48,7 @@ def stages(draw):
 @settings(max_examples=400, deadline=None)
 @given(stages())
 def test_split_equals_adding_one_block_at_a_time(case):
-    assert _split(*case) == split_one_block_at_a_time(*case)
+    assert split_blocks(*case) == split_one_block_at_a_time(*case)
 
 
 CLUSTER = make_cluster("ib-roce")  # 4 nodes of 8, two networks: pairs sync at unlike bandwidths
