@@ -24,7 +24,7 @@ from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, dp_sync_floor, mi
 from .grouping import Group
 from .model import ModelSpec
 
-ARRANGEMENTS = ("columns", "ranked", "rows", "sized")
+ARRANGEMENTS = ("columns", "ranked", "rows", "sized", "blocks")
 # The depths of a layout's pipelines: all about equal (None), or all `stages` deep but the last,
 # which takes the rest and this many pipelines' groups more (see depths).
 ODD_PIPELINES = (None, 0, 1, 2)
@@ -63,6 +63,11 @@ def arrange(
       micro-batches) instead of slowing many.
     sized: rows in network then group-speed order: where groups differ in
       size, a pipeline of wide groups and one of narrow ones, not a mix.
+    blocks: columns, but where pipelines differ in depth the stages take the
+      groups in the order of the blocks they will about hold (stage k of S
+      holds those about (k + 1/2) / S of the way through): the stages that
+      hold a block's replicas then sit on one node where they fit, and sync
+      there. Columns gives a deep pipeline's later stages the last groups.
     """
     return deal(in_order(groups, how, cluster), stages, how, max_pipelines, odd)
 
@@ -71,7 +76,7 @@ def in_order(groups: list[Group], how: str, cluster: Cluster) -> list[Group]:
     """The groups in the order an arrangement deals them (see arrange)."""
     rank = cluster.nic_order
     cls = [rank[cluster.nodes[g.node].nic_class] for g in groups]
-    if how == "columns":
+    if how in ("columns", "blocks"):
         order = sorted(range(len(groups)), key=lambda i: (cls[i], groups[i].node))
     elif how in ("ranked", "sized"):
         order = sorted(range(len(groups)), key=lambda i: (cls[i], -groups[i].speed * groups[i].t, groups[i].node))
@@ -87,6 +92,10 @@ def deal(groups: list[Group], stages: int, how: str, max_pipelines: int, odd: in
     if how in ("rows", "sized"):
         return [[next(ordered) for _ in range(size)] for size in sizes]
     out: list[list[Group]] = [[] for _ in sizes]
+    if how == "blocks":  # stages in the order of the blocks they hold (ties: pipeline order)
+        for _, p in sorted([((k + 0.5) / size, p) for p, size in enumerate(sizes) for k in range(size)]):
+            out[p].append(next(ordered))
+        return out
     for k in range(max(sizes)):  # slice k: stage k of every pipeline that deep
         for pipe, size in zip(out, sizes):
             if size > k:

@@ -85,6 +85,36 @@ def test_an_odd_pipeline_is_dealt_last(how):
     assert short[-1] == ([order[-1]] if how == "rows" else [order[3]])  # columns: from the first slice
 
 
+def test_blocks_puts_the_replicas_of_a_block_on_one_node():
+    """Pipelines of 4, 4 and 8 stages of TP 2 (four groups a node): dealt by blocks, quarter q of
+    the blocks is held by stage q of each short pipeline and stages 2q, 2q + 1 of the deep one, all
+    on node q, so its gradients sync within the node. Columns gives the deep one's later stages
+    the last groups; at equal depths the two deal alike."""
+    cluster = make_cluster("healthy")
+    groups, _ = form_groups(cluster, make_model("gpt-7b"), tp=2, split_ratio=SPLIT_RATIO)
+    for how, together in (("blocks", True), ("columns", False)):
+        short, other, deep = arrange(groups, 4, how, cluster, max_pipelines=64, odd=1)
+        assert (len(short), len(other), len(deep)) == (4, 4, 8)
+        quarters = [{short[q].node, other[q].node, deep[2 * q].node, deep[2 * q + 1].node} for q in range(4)]
+        assert (quarters == [{q} for q in range(4)]) == together
+    assert arrange(groups, 4, "blocks", cluster, max_pipelines=64) == arrange(
+        groups, 4, "columns", cluster, max_pipelines=64
+    )
+
+
+def test_blocks_lets_an_ethernet_only_node_sync_within_itself(monkeypatch):
+    """Eight nodes, n7 Ethernet-only, a model of TP 1 or 2: pipelines of 9, 9, 9 and 5 stages
+    dealt by blocks put every pipeline's last stage on n7, so the replicas of the last block sync
+    within n7 and no gradient crosses TCP. Without that arrangement the search leaves n7 idle
+    (measured: 46.97 against 44.13 samples/s)."""
+    cluster, model = make_cluster("one-ethernet"), make_model("llama-gqa")
+    plan = make_plan(cluster, model)
+    on_n7 = [s for p in plan.pipelines for s in p.stages if s.devices[0].startswith("n7/")]
+    assert on_n7 and len({s.layers for s in on_n7}) == 1
+    monkeypatch.setattr(search, "ARRANGEMENTS", tuple(h for h in search.ARRANGEMENTS if h != "blocks"))
+    assert plan.predicted.samples_per_s >= 1.05 * make_plan(cluster, model).predicted.samples_per_s
+
+
 def test_partition_terms_are_the_cost_models():
     cluster, model = make_cluster("ib-roce", n1_3=3.0), make_model("gpt-7b")
     groups, _ = form_groups(cluster, model, tp=2, split_ratio=SPLIT_RATIO)
@@ -207,12 +237,14 @@ def test_narrowed_grouping_halves_tp_off_the_fastest_network():
 
 
 def test_narrowed_grouping_finds_a_faster_plan(monkeypatch):
-    """InfiniBand and Ethernet-only nodes, one GPU slowed 2x: the search's hills from TP groups
-    half as wide off InfiniBand are 2.3% higher (measured 22.42 against 21.91 samples/s)."""
-    cluster, model = make_cluster("ib-ethernet", n1_2=2.0), make_model("gpt-7b")
+    """Seven InfiniBand nodes and an Ethernet-only one, one GPU slowed 3x: TP 4 on InfiniBand and
+    TP 2 on the Ethernet-only node plan 6.2% faster than the best without such groups (TP 2
+    everywhere, the Ethernet-only node idle; measured 42.53 against 40.06 samples/s)."""
+    cluster, model = make_cluster("one-ethernet", n1_2=3.0), make_model("gpt-7b")
     plan = make_plan(cluster, model)
+    assert {len(s.devices) for p in plan.pipelines for s in p.stages if s.devices[0].startswith("n7/")} == {2}
     monkeypatch.setattr(search, "GROUPINGS", {k: v for k, v in search.GROUPINGS.items() if k != "narrowed"})
-    assert plan.predicted.samples_per_s >= 1.015 * make_plan(cluster, model).predicted.samples_per_s
+    assert plan.predicted.samples_per_s >= 1.04 * make_plan(cluster, model).predicted.samples_per_s
 
 
 def test_sized_rows_keep_wide_groups_together():
