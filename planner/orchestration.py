@@ -210,15 +210,25 @@ def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Clust
 
 def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, in_flight: int, memo: _Memo):
     """(first, each) bounded below for stages of these kinds, these links between them (None if
-    they cannot hold the model): their stage_terms without gradient sync."""
-    shape = [kind + (math.inf,) for kind in kinds]
-    weights, extras, caps = stage_terms(shape, model, 1.0, 0.0, in_flight, memo.caps_of(kinds, in_flight))
-    counts = split_blocks(weights, extras, caps, model.layers)
-    if counts is None:
+    they cannot hold the model): their stage_terms without gradient sync. The compute part is
+    the same whatever the links: worked out once per kind of pipeline."""
+    compute = memo.floor_compute.get((kinds, in_flight), False)
+    if compute is False:
+        shape = [kind + (math.inf,) for kind in kinds]
+        weights, extras, caps = stage_terms(shape, model, 1.0, 0.0, in_flight, memo.caps_of(kinds, in_flight))
+        counts = split_blocks(weights, extras, caps, model.layers)
+        compute = memo.floor_compute[kinds, in_flight] = (
+            None
+            if counts is None
+            else (
+                sum(weights) + (model.layers - len(kinds)) * min(weights) + extras[-1],
+                max([n * w + e for n, w, e in zip(counts, weights, extras)]),
+            )
+        )
+    if compute is None:
         return None
     comms = [2 * model.activation_bytes / (min(a[0], b[0]) * bw) for a, b, bw in zip(kinds, kinds[1:], hops)]
-    each = max([n * w + e for n, w, e in zip(counts, weights, extras)] + comms)
-    return sum(weights) + (model.layers - len(kinds)) * min(weights) + extras[-1] + sum(comms), each
+    return compute[0] + sum(comms), max([compute[1], *comms])
 
 
 class _Memo:
@@ -230,6 +240,7 @@ class _Memo:
         self.solved: dict[tuple, list] = {}  # per kind of pipeline and its links: [blocks, terms]
         self.blocks: dict[tuple, list[int] | None] = {}  # per kind of pipeline: blocks per stage
         self.floors: dict[tuple, tuple[float, float] | None] = {}  # slowest_floor's per pipeline
+        self.floor_compute: dict[tuple, tuple[float, float] | None] = {}  # _pipeline_floor's without links
         self.caps: dict[tuple, list[int]] = {}
 
     def caps_of(self, kinds: tuple, in_flight: int) -> list[int]:
