@@ -4,10 +4,12 @@ Round one tries every tensor-parallel size, a spread of pipeline depths and
 the arrangements columns, ranked and rows with stragglers grouped apart and none removed, once per
 set of nodes left out (weaker_nodes). Round two fills in the depths around the best few
 layouts of each set, each also with one odd pipeline
-of another depth (orchestration.depths). Round three takes the best
+of another depth (orchestration.depths), and the depths next to the best layout of each other
+TP size. Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
 that ignores rates, grouping that widens slow GPUs' groups, and (with several
-networks) twice the TP size on the fastest network only. Round four
+networks) twice the TP size on the fastest network only; and the removal cuts for the best
+layout of each other TP size. Round four
 climbs from the best layouts, and from each TP size's best within 3% of them
 (each start still within 10% of the best by then), one coordinate at a time
 (depth, odd pipeline, cut, grouping, TP size, arrangement; its first sweep of depths
@@ -78,6 +80,14 @@ CLIMB_BAND = 1.03
 CLIMB_REACH = 1.1
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
+# Rounds two and three also take the best layout of each other TP size (and set of nodes left
+# out) within this of the best: the depths next to it with an odd pipeline, and the removal cuts
+# with stragglers grouped apart or blind. When the finalists were all of one TP size, another size
+# never had an odd pipeline or a cut, fell behind and was never climbed from: in generated
+# scenario 85 of seed 0 (64 H100s, seven stragglers on one node), TP 2 with one odd pipeline and
+# the GPUs past 1.51x left idle plans 12.6% faster than the best TP 1 plan, which the reference
+# search had not beaten either. Its TP 2 layout was 21% behind before round three.
+SIZE_BAND = 1.25
 # The most of the fastest layouts any later choice reads (finalists, climb starts, local search's
 # starts, with the copies split at every crossing): a layout slower than that many, than its own
 # set of nodes' 2 x FINALISTS fastest and than its TP size's fastest changes nothing after it.
@@ -180,6 +190,16 @@ def finalists(found: list, count: int, each: int) -> list:
             taken[nodes_out] = taken.get(nodes_out, 0) + 1
             out.append(entry)
     return out
+
+
+def other_sizes(found: list, taken: list) -> list:
+    """The best layout of each TP size and set of nodes left out within SIZE_BAND of the best,
+    but those `taken` already."""
+    best = min([f[0] for f in found], default=math.inf)
+    per_size: dict[tuple, tuple] = {}
+    for entry in sorted(found, key=lambda f: f[0]):
+        per_size.setdefault((entry[1][0], entry[1][-1]), entry)
+    return [e for e in per_size.values() if e[0] <= best * SIZE_BAND and all(e is not f for f in taken)]
 
 
 def climb_starts(found: list) -> list:
@@ -326,23 +346,29 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                 for split, cut in [("blind", math.inf)] + [(s, c) for c in rates for s in ("apart", "blind")]:
                     for S in stage_counts(model.layers, len(groups(t, split, cut, out)[0])):
                         try_layout((t, S, "rows", None, split, cut, out))
-    # Round two: the depths between round one's, around the best layouts, and an odd pipeline.
-    for _, (t, S, how, _, split, cut, out), _ in finalists(found, FINALISTS, FINALISTS):
-        for depth in range(max(1, S - 3), S + 4):
-            for odd in ODD_PIPELINES:
-                try_layout((t, depth, how, odd, split, cut, out))
-    # Round three: removal cuts and the other groupings for the best layouts.
+    # Round two: the depths between round one's, around the best layouts, and an odd pipeline
+    # (near the best of the other TP sizes too, SIZE_BAND).
+    best_layouts = finalists(found, FINALISTS, FINALISTS)
+    for reach, entries in ((3, best_layouts), (1, other_sizes(found, best_layouts))):
+        for _, (t, S, how, _, split, cut, out), _ in entries:
+            for depth in range(max(1, S - reach), S + reach + 1):
+                for odd in ODD_PIPELINES:
+                    try_layout((t, depth, how, odd, split, cut, out))
+    # Round three: removal cuts and the other groupings for the best layouts (and the cuts for
+    # the best of the other TP sizes).
     networks = len(cluster.nic_order) > 1
     splits = [sp for sp in GROUPINGS if networks or sp != "narrowed"]  # one network: narrowed is apart
-    for _, (t, S, how, odd, _, _, out), candidate in finalists(found, 2 * FINALISTS, 2 * FINALISTS):
-        for split in GROUPINGS:
-            for cut in rates + [math.inf]:
-                if split != "narrowed":
-                    try_layout((t, S, how, odd, split, cut, out))
-                elif networks and model.tp_divides(2 * t):  # as many pipelines, wider on the fastest network
-                    count = len(candidate.costs)
-                    wider = len(groups(2 * t, split, cut, out)[0])
-                    try_layout((2 * t, max(1, round(wider / count)), how, odd, split, cut, out))
+    best_layouts = finalists(found, 2 * FINALISTS, 2 * FINALISTS)
+    for groupings, entries in ((GROUPINGS, best_layouts), (("apart", "blind"), other_sizes(found, best_layouts))):
+        for _, (t, S, how, odd, _, _, out), candidate in entries:
+            for split in groupings:
+                for cut in rates + [math.inf]:
+                    if split != "narrowed":
+                        try_layout((t, S, how, odd, split, cut, out))
+                    elif networks and model.tp_divides(2 * t):  # as many pipelines, wider on the fastest network
+                        count = len(candidate.costs)
+                        wider = len(groups(2 * t, split, cut, out)[0])
+                        try_layout((2 * t, max(1, round(wider / count)), how, odd, split, cut, out))
     # Round four: from the best layouts, one coordinate at a time (depth, odd pipeline, cut,
     # grouping, TP size, arrangement) until none improves: a removal cut can make another depth best.
     cuts = rates + [math.inf]

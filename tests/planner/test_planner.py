@@ -115,6 +115,18 @@ def test_blocks_lets_an_ethernet_only_node_sync_within_itself(monkeypatch):
     assert plan.predicted.samples_per_s >= 1.05 * make_plan(cluster, model).predicted.samples_per_s
 
 
+def test_the_best_of_every_tp_size_gets_odd_pipelines_and_cuts(monkeypatch):
+    """InfiniBand and RoCE nodes, five stragglers on n0 (2.3x to 6.6x): rounds two and three also
+    take the best layout of each other TP size (search.SIZE_BAND). The plan, three stragglers idle
+    and one odd pipeline, is 5.3% faster than with the finalists' own TP size alone given odd
+    pipelines and cuts (measured: 181.54 against 172.40 samples/s)."""
+    rates = dict(n0_0=2.77, n0_1=6.6, n0_2=3.96, n0_3=2.29, n0_4=4.89)
+    cluster, model = make_cluster("ib-roce", **rates), make_model("gpt-1b")
+    plan = make_plan(cluster, model)
+    monkeypatch.setattr(search, "SIZE_BAND", 0.0)
+    assert plan.predicted.samples_per_s >= 1.04 * make_plan(cluster, model).predicted.samples_per_s
+
+
 def test_partition_terms_are_the_cost_models():
     cluster, model = make_cluster("ib-roce", n1_3=3.0), make_model("gpt-7b")
     groups, _ = form_groups(cluster, model, tp=2, split_ratio=SPLIT_RATIO)
@@ -237,14 +249,14 @@ def test_narrowed_grouping_halves_tp_off_the_fastest_network():
 
 
 def test_narrowed_grouping_finds_a_faster_plan(monkeypatch):
-    """Seven InfiniBand nodes and an Ethernet-only one, one GPU slowed 3x: TP 4 on InfiniBand and
-    TP 2 on the Ethernet-only node plan 6.2% faster than the best without such groups (TP 2
-    everywhere, the Ethernet-only node idle; measured 42.53 against 40.06 samples/s)."""
-    cluster, model = make_cluster("one-ethernet", n1_2=3.0), make_model("gpt-7b")
+    """Seven InfiniBand nodes and an Ethernet-only one, two GPUs slowed 2x: TP 4 on InfiniBand and
+    TP 2 on the Ethernet-only node plan 3.6% faster than the best without such groups (TP 2
+    everywhere; measured 43.49 against 41.99 samples/s)."""
+    cluster, model = make_cluster("one-ethernet", n0_0=2.0, n1_1=2.0), make_model("gpt-7b")
     plan = make_plan(cluster, model)
     assert {len(s.devices) for p in plan.pipelines for s in p.stages if s.devices[0].startswith("n7/")} == {2}
     monkeypatch.setattr(search, "GROUPINGS", {k: v for k, v in search.GROUPINGS.items() if k != "narrowed"})
-    assert plan.predicted.samples_per_s >= 1.04 * make_plan(cluster, model).predicted.samples_per_s
+    assert plan.predicted.samples_per_s >= 1.025 * make_plan(cluster, model).predicted.samples_per_s
 
 
 def test_sized_rows_keep_wide_groups_together():
