@@ -192,14 +192,19 @@ def finalists(found: list, count: int, each: int) -> list:
     return out
 
 
-def other_sizes(found: list, taken: list) -> list:
-    """The best layout of each TP size and set of nodes left out within SIZE_BAND of the best,
-    but those `taken` already."""
+def size_bests(found: list, band: float) -> list:
+    """The best layout of each TP size and set of nodes left out within `band` of the best,
+    fastest first."""
     best = min([f[0] for f in found], default=math.inf)
     per_size: dict[tuple, tuple] = {}
     for entry in sorted(found, key=lambda f: f[0]):
         per_size.setdefault((entry[1][0], entry[1][-1]), entry)
-    return [e for e in per_size.values() if e[0] <= best * SIZE_BAND and all(e is not f for f in taken)]
+    return [e for e in per_size.values() if e[0] <= best * band]
+
+
+def other_sizes(found: list, taken: list) -> list:
+    """size_bests within SIZE_BAND, but those `taken` already."""
+    return [e for e in size_bests(found, SIZE_BAND) if all(e is not f for f in taken)]
 
 
 def climb_starts(found: list) -> list:
@@ -208,11 +213,7 @@ def climb_starts(found: list) -> list:
     from other coordinates; another TP size's best can climb to a better one (generated scenario
     178 of seed 0: 2% faster)."""
     starts = finalists(found, FINALISTS, 1)
-    best = min(f[0] for f in found) if found else math.inf
-    per_size: dict[tuple, tuple] = {}
-    for entry in sorted(found, key=lambda f: f[0]):
-        per_size.setdefault((entry[1][0], entry[1][-1]), entry)
-    return starts + [e for e in per_size.values() if e not in starts and e[0] <= best * CLIMB_BAND]
+    return starts + [e for e in size_bests(found, CLIMB_BAND) if e not in starts]
 
 
 def _usable(model: ModelSpec, grouping: tuple) -> tuple[list, list]:
