@@ -413,10 +413,8 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         consider((name,), baseline(cluster, model))
     # Local search starts from the best layout of each TP size and set of nodes, best first: hills
     # apart, rather than the same hill's best few.
-    best_of: dict[tuple, Candidate] = {}
-    for _, key, candidate in sorted(found, key=lambda f: f[0]):
-        best_of.setdefault((key[0], key[-1]) if len(key) > 1 else key, candidate)
-    ranked = list(best_of.values()) + [c for _, _, c in sorted(found, key=lambda f: f[0])]
+    # (A baseline's key is its name alone: a size of its own.)
+    ranked = [c for _, _, c in size_bests(found, math.inf)] + [c for _, _, c in sorted(found, key=lambda f: f[0])]
     budget = max(POLISH_STAGES[0], POLISH_STAGES[1] * len(cluster.usable))
     polished = polish(ranked, cluster, model, budget, POLISH_STARTS, deadline) if ranked else None
     if polished is not None:
