@@ -18,25 +18,36 @@ the same last completed step afterwards:
 
 Parts whose every copy was lost are rolled back from the newest checkpoint,
 by every worker, to the same step.
+
+A survivor can be blocked on a peer that is alive but gone from the world (in
+the middle of leaving it, or waiting for the next) rather than dead: no error
+reaches it until the collective times out. Its WorldWatch closes the lost
+world's connections once the inbox names a world without some member of it.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import logging
+import os
 import re
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from drover.planner.plan import Plan, plan_from_dict
 
+log = logging.getLogger("drover.worker")
+
 # How torch.distributed says a peer is gone: gloo's transport errors (a peer's socket closed
 # or reset, a read or write on it failing, a collective timing out), NCCL's aborts.
 _PEER_LOST = re.compile(
     r"Connection (closed|reset) by peer|Read error|Write error|Broken pipe|Timed out|timed out|"
-    r"NCCL communicator was aborted|ProcessGroupNCCL.*(error|abort)|Socket Timeout|connect(ion)? refused",
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(error|abort)|Socket Timeout|connect(ion)? refused|"
+    r"Connection was likely closed",  # the rendezvous store's, when its host is gone
     re.IGNORECASE,
 )
 # Every collective, in the world's group and in the groups made from it (new_group would take
@@ -131,3 +142,77 @@ def wait_for_world(inbox: Path, after: int, timeout_s: float, poll_s: float = 0.
         if time.monotonic() > deadline:
             raise TimeoutError(f"no new world in {inbox} within {timeout_s:.0f} s after losing a peer")
         time.sleep(poll_s)
+
+
+def close_connections() -> int:
+    """Shut down every connected TCP socket of this process (Linux): a lost world's gloo pairs
+    and store client, the only ones a worker holds. What is blocked on them fails at once with
+    a closed connection (peer_lost). Listening sockets stay: gloo's listener aborts the process
+    if its socket is shut. How many were shut."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    closed = 0
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # not a socket, or closed since
+            continue
+        with sock:
+            try:
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                    sock.getpeername()  # raises for a listening socket
+                    sock.shutdown(socket.SHUT_RDWR)
+                    closed += 1
+            except OSError:
+                pass
+    return closed
+
+
+class WorldWatch:
+    """Frees a worker stuck in a world that has lost a member. While the worker is in a world
+    (enter), a thread polls the inbox; once it names a newer world without some member of this
+    one, this one is over (a world that grows keeps them all), and its connections are closed
+    (close_connections), so that a collective or store read waiting on a peer that left it
+    fails now instead of at COLLECTIVE_TIMEOUT_S. The lock keeps it from closing the next
+    world's connections: the worker leaves (leave) before it makes them."""
+
+    def __init__(self, inbox: Path | None, poll_s: float = 0.25):
+        """inbox None: watch nothing (a worker without an agent; NCCL, whose sockets are its
+        own business: its collective timeout applies)."""
+        self._lock = threading.Lock()
+        self._world: tuple[int, frozenset[str]] | None = None
+        if inbox is not None:
+            threading.Thread(target=self._run, args=(inbox, poll_s), name="world-watch", daemon=True).start()
+
+    def enter(self, generation: int, devices) -> None:
+        with self._lock:
+            self._world = (generation, frozenset(devices))
+
+    def leave(self) -> None:
+        with self._lock:
+            self._world = None
+
+    def _run(self, inbox: Path, poll_s: float) -> None:
+        while True:
+            time.sleep(poll_s)
+            with self._lock:
+                if self._world is None:
+                    continue
+                generation, devices = self._world
+                try:
+                    newer = newest_world(inbox, generation)
+                except Exception:  # noqa: BLE001 - a bad world file: the worker reads it too, and reports it
+                    continue
+                if newer is not None and not devices <= newer.ranks.keys():
+                    closed = close_connections()
+                    gone = sorted(devices - newer.ranks.keys())
+                    log.warning(
+                        "world %d leaves out %s: closed world %d's %d connections",
+                        newer.generation,
+                        gone[:8],
+                        generation,
+                        closed,
+                    )
+                    self._world = None

@@ -29,6 +29,7 @@ class Rejoining:
         """Leave the world (broken, or `planned`: the job grows), join the next one the inbox
         names, and continue there."""
         lost_at = time.perf_counter()
+        self.watch.leave()
         self._leave_world()
         stalled = Path(self.args.inbox) / f"stalled-{self.device_id.replace('/', '_')}.json"
         if not planned:
@@ -38,6 +39,7 @@ class Rejoining:
             self.generation = world.generation
             if self.device_id not in world.ranks:
                 raise LeftOut(f"{self.device_id} has no place in world {world.generation}")
+            self.watch.enter(world.generation, world.ranks)  # from here on its connections are its own
             try:
                 dist.init_process_group(
                     "nccl" if self.torch_device.type == "cuda" else "gloo",

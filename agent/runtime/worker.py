@@ -45,7 +45,7 @@ from .links import enter_namespace, network_layout
 from .model import config_of
 from .optim import AdamW, clip_factor, local_sq_norm
 from .parts import warm_up
-from .recovery import COLLECTIVE_TIMEOUT_S, World, newest_world, peer_lost, rendezvous_store
+from .recovery import COLLECTIVE_TIMEOUT_S, World, WorldWatch, newest_world, peer_lost, rendezvous_store
 from .rejoining import LeftOut, Rejoining
 from .schedule import Stats, run_stage
 from .switching import Switching
@@ -128,6 +128,7 @@ class Worker(Rejoining, Switching):
         if args.joining:
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
+        self.watch = WorldWatch(Path(args.inbox) if args.inbox and torch_device.type == "cpu" else None)
         self.outputs: dict[str, object] = {}
         self.curves = Curves(args.out_dir, self.training.tensorboard)  # rank 0's TensorBoard files
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch
@@ -139,6 +140,7 @@ class Worker(Rejoining, Switching):
     def run(self) -> None:
         steps = self.training.steps
         self.committed = self.inputs.start_step  # steps done: the update of each is its commit
+        self.watch.enter(self.generation, self.ranks)
         if self.joining:
             plan = self.args.plans[0][1]
             self._rejoin(

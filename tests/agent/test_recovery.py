@@ -19,7 +19,7 @@ import torch
 
 from drover.agent.runtime.launch import train_reference, worker_context
 from drover.agent.runtime.layout import holdings, lost_parts, surviving_holdings
-from drover.agent.runtime.recovery import World, peer_lost
+from drover.agent.runtime.recovery import World, WorldWatch, peer_lost
 from drover.agent.runtime.worker import WorkerArgs, worker_main
 from drover.planner.model import load_model
 from drover.planner.ports import free_port
@@ -200,6 +200,7 @@ def test_what_survives_of_a_plan():
     [
         ("[pair.cc:537] Read error [127.0.0.1]:46752: Connection reset by peer", True),
         ("[pair.cc:553] Connection closed by peer [127.0.0.1]:44931", True),
+        ("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?", True),
         ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", False),
     ],
 )
@@ -273,3 +274,55 @@ def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held():
                 proc.kill()
     assert peer_lost(RuntimeError(outcome)), outcome
     assert seconds < 20, f"the peer waited {seconds:.0f} s"
+
+
+def _stay_in_the_world_without_a_word(init: str, done) -> None:
+    """Rank 0: alive and connected, but it never joins rank 1's collective (a peer that left
+    the world while keeping its connections open, or one waiting elsewhere)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=2, timeout=datetime.timedelta(seconds=90))
+    done.wait(90)
+
+
+def _wait_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=90))
+    WorldWatch(Path(inbox), poll_s=0.05).enter(0, ["local/0", "local/1"])
+    began = time.perf_counter()
+    try:
+        dist.all_reduce(torch.ones(4))
+        result.put(("completed", time.perf_counter() - began))
+    except RuntimeError as exc:
+        result.put((str(exc)[:200], time.perf_counter() - began))
+
+
+def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_world_is_named(tmp_path):
+    """Rank 1 waits in an all-reduce on rank 0, which is alive and connected but never joins
+    it. Once the inbox names world 1 without local/0, rank 1's watch closes world 0's
+    connections: the all-reduce fails as a lost peer in seconds, not at the 90 s timeout."""
+    ctx = worker_context()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    done, result = ctx.Event(), ctx.Queue()
+    silent = ctx.Process(target=_stay_in_the_world_without_a_word, args=(init, done))
+    waiting = ctx.Process(target=_wait_in_a_world_the_inbox_ends, args=(init, str(tmp_path), result))
+    silent.start()
+    waiting.start()
+    try:
+        time.sleep(3.0)  # both in the world, rank 1 blocked
+        assert result.empty()
+        new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
+        outcome, seconds = result.get(timeout=60)
+    finally:
+        done.set()
+        for proc in (silent, waiting):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert peer_lost(RuntimeError(outcome)), outcome
+    assert seconds < 30, f"rank 1 waited {seconds:.0f} s"
