@@ -148,7 +148,8 @@ def close_connections() -> int:
     """Shut down every connected TCP socket of this process (Linux): a lost world's gloo pairs
     and store client, the only ones a worker holds. What is blocked on them fails at once with
     a closed connection (peer_lost). Listening sockets stay: gloo's listener aborts the process
-    if its socket is shut. How many were shut."""
+    if its socket is shut. How many were shut. (A socket object over a duplicate shares the
+    original's flags; no default socket timeout is set in a worker, so wrapping changes none.)"""
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
@@ -156,8 +157,15 @@ def close_connections() -> int:
     closed = 0
     for fd in fds:
         try:
-            sock = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:  # not a socket, or closed since
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            dup = os.dup(int(fd))
+        except OSError:  # closed since
+            continue
+        try:
+            sock = socket.socket(fileno=dup)  # closes the duplicate when done with
+        except OSError:
+            os.close(dup)
             continue
         with sock:
             try:
@@ -170,13 +178,31 @@ def close_connections() -> int:
     return closed
 
 
+def world_ending(inbox: Path, generation: int, devices: frozenset[str]) -> tuple[int, list[str]] | None:
+    """The first world after `generation` named in the inbox that leaves out some of `devices`
+    (the members of the world `generation`), and those it leaves out; None if every later world
+    keeps them all (the job grew, or nothing came)."""
+    later = []
+    for path in inbox.glob("world-*.json"):
+        match = WORLD_FILE.fullmatch(path.name)
+        if match and int(match.group(1)) > generation:
+            later.append((int(match.group(1)), path))
+    for number, path in sorted(later):
+        gone = sorted(devices - json.loads(path.read_text())["ranks"].keys())
+        if gone:
+            return number, gone
+    return None
+
+
 class WorldWatch:
     """Frees a worker stuck in a world that has lost a member. While the worker is in a world
-    (enter), a thread polls the inbox; once it names a newer world without some member of this
+    (enter), a thread polls the inbox; once it names a later world without some member of this
     one, this one is over (a world that grows keeps them all), and its connections are closed
     (close_connections), so that a collective or store read waiting on a peer that left it
-    fails now instead of at COLLECTIVE_TIMEOUT_S. The lock keeps it from closing the next
-    world's connections: the worker leaves (leave) before it makes them."""
+    fails now instead of at COLLECTIVE_TIMEOUT_S. It fires once per world entered. The worker
+    leaves the watch when it leaves a world, and enters the next one before it makes that
+    world's connections; the lock makes a firing finish before either, so it never closes the
+    next world's connections."""
 
     def __init__(self, inbox: Path | None, poll_s: float = 0.25):
         """inbox None: watch nothing (a worker without an agent; NCCL, whose sockets are its
@@ -195,6 +221,7 @@ class WorldWatch:
             self._world = None
 
     def _run(self, inbox: Path, poll_s: float) -> None:
+        failed = ""  # the last error logged: once, not every poll
         while True:
             time.sleep(poll_s)
             with self._lock:
@@ -202,17 +229,18 @@ class WorldWatch:
                     continue
                 generation, devices = self._world
                 try:
-                    newer = newest_world(inbox, generation)
-                except Exception:  # noqa: BLE001 - a bad world file: the worker reads it too, and reports it
-                    continue
-                if newer is not None and not devices <= newer.ranks.keys():
-                    closed = close_connections()
-                    gone = sorted(devices - newer.ranks.keys())
-                    log.warning(
-                        "world %d leaves out %s: closed world %d's %d connections",
-                        newer.generation,
-                        gone[:8],
-                        generation,
-                        closed,
-                    )
-                    self._world = None
+                    ending = world_ending(inbox, generation, devices)
+                    if ending is not None:
+                        closed = close_connections()
+                        log.warning(
+                            "world %d leaves out %s: closed world %d's %d connections",
+                            ending[0],
+                            ending[1][:8],
+                            generation,
+                            closed,
+                        )
+                        self._world = None
+                except Exception as exc:  # noqa: BLE001 - the watch must outlive a bad world file; the worker reports it
+                    if str(exc) != failed:
+                        failed = str(exc)
+                        log.exception("watching %s for the end of world %d", inbox, generation)

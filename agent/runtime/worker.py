@@ -140,7 +140,8 @@ class Worker(Rejoining, Switching):
     def run(self) -> None:
         steps = self.training.steps
         self.committed = self.inputs.start_step  # steps done: the update of each is its commit
-        self.watch.enter(self.generation, self.ranks)
+        # A newcomer's world is the one it joins (self.ranks are the world's before it, until _rejoin).
+        self.watch.enter(self.generation, self.args.ranks if self.joining else self.ranks)
         if self.joining:
             plan = self.args.plans[0][1]
             self._rejoin(

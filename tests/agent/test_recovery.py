@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from drover.agent.runtime import recovery
 from drover.agent.runtime.launch import train_reference, worker_context
 from drover.agent.runtime.layout import holdings, lost_parts, surviving_holdings
 from drover.agent.runtime.recovery import World, WorldWatch, peer_lost
@@ -294,6 +295,7 @@ def _wait_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
 
     dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=90))
     WorldWatch(Path(inbox), poll_s=0.05).enter(0, ["local/0", "local/1"])
+    result.put(("in the all-reduce", 0.0))
     began = time.perf_counter()
     try:
         dist.all_reduce(torch.ones(4))
@@ -314,7 +316,8 @@ def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_w
     silent.start()
     waiting.start()
     try:
-        time.sleep(3.0)  # both in the world, rank 1 blocked
+        assert result.get(timeout=60)[0] == "in the all-reduce"
+        time.sleep(1.0)  # rank 1 blocked in it by now
         assert result.empty()
         new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
         outcome, seconds = result.get(timeout=60)
@@ -326,3 +329,33 @@ def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_w
                 proc.kill()
     assert peer_lost(RuntimeError(outcome)), outcome
     assert seconds < 30, f"rank 1 waited {seconds:.0f} s"
+
+
+def test_a_world_watch_fires_once_for_a_world_that_leaves_a_member_out_and_never_for_growth(tmp_path, monkeypatch):
+    """The watch of world 0 (local/0, local/1): world 1 growing onto local/2 ends nothing; world
+    2 without local/0 ends it, once; a worker that has left the world is not watched."""
+    closes = []
+    monkeypatch.setattr(recovery, "close_connections", lambda: closes.append(time.monotonic()) or 0)
+
+    def name_world(generation: int, devices: list[str]) -> None:  # the watch reads the ranks alone
+        ranks = {d: r for r, d in enumerate(devices)}
+        (tmp_path / f"world-{generation}.json").write_text(json.dumps({"generation": generation, "ranks": ranks}))
+
+    def settle() -> None:
+        time.sleep(0.3)  # six polls
+
+    watch = WorldWatch(tmp_path, poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    name_world(1, ["local/0", "local/1", "local/2"])
+    settle()
+    assert closes == []
+    name_world(2, ["local/1", "local/2"])
+    settle()
+    assert len(closes) == 1
+    settle()
+    assert len(closes) == 1  # once
+    left = WorldWatch(tmp_path, poll_s=0.05)
+    left.enter(0, ["local/0", "local/1"])
+    left.leave()
+    settle()
+    assert len(closes) == 1
