@@ -96,16 +96,22 @@ def world_from_dict(data: dict, source: str) -> World:
     )
 
 
-def newest_world(inbox: Path, after: int) -> World | None:
-    """The newest world file of a generation above `after`, if any (agents write them atomically)."""
+def worlds_after(inbox: Path, after: int) -> list[tuple[int, Path]]:
+    """The world files of generations above `after`, oldest first (agents write them atomically)."""
     found = []
     for path in inbox.glob("world-*.json"):
         match = WORLD_FILE.fullmatch(path.name)
         if match and int(match.group(1)) > after:
             found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def newest_world(inbox: Path, after: int) -> World | None:
+    """The newest world of a generation above `after`, if any."""
+    found = worlds_after(inbox, after)
     if not found:
         return None
-    _, path = max(found)
+    _, path = found[-1]
     return world_from_dict(json.loads(path.read_text()), str(path))
 
 
@@ -182,12 +188,7 @@ def world_ending(inbox: Path, generation: int, devices: frozenset[str]) -> tuple
     """The first world after `generation` named in the inbox that leaves out some of `devices`
     (the members of the world `generation`), and those it leaves out; None if every later world
     keeps them all (the job grew, or nothing came)."""
-    later = []
-    for path in inbox.glob("world-*.json"):
-        match = WORLD_FILE.fullmatch(path.name)
-        if match and int(match.group(1)) > generation:
-            later.append((int(match.group(1)), path))
-    for number, path in sorted(later):
+    for number, path in worlds_after(inbox, generation):
         gone = sorted(devices - json.loads(path.read_text())["ranks"].keys())
         if gone:
             return number, gone
