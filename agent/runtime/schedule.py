@@ -99,13 +99,19 @@ def run_stage(
     # This rank's share of one micro-batch's forward FLOPs (cost model: backward is twice that).
     forward_flops = ((role.blocks[1] - role.blocks[0]) * spec.block_flops + role.last * spec.head_flops) / t
     rate = slow[0] if slow and step >= slow[1] else 1.0
+    paced_s = 0.0  # the emulated device's time for this step's work so far
 
     def compute(fn, flops: float):
+        nonlocal paced_s
         t0, waited = time.perf_counter(), tp_clock.seconds
         result = fn()
         spent = time.perf_counter() - t0 - (tp_clock.seconds - waited)  # own work, not a TP partner's
         if pace:
-            time.sleep(max(0.0, flops * rate / pace - spent))  # the emulated device's time for this work
+            # Paced to the step's total so far, not piece by piece: a piece that overran (a late
+            # wake-up, a busy host) is made up on the next, so a healthy device on a loaded host
+            # still takes its emulated time and a slow one's ratio to it stays its rate.
+            paced_s += flops * rate / pace
+            time.sleep(max(0.0, paced_s - stats.compute_s - spent))
         elif rate > 1.0:
             time.sleep((rate - 1) * spent)  # emulation only: RATE times slower
         stats.compute_s += time.perf_counter() - t0 - (tp_clock.seconds - waited)

@@ -30,6 +30,8 @@ class ExplodingBlock(ParallelBlock):
 
 
 def build_exploding(config, part, seed):
+    if dist.is_initialized():  # a worker's, not drover's shape check: every worker's log has a line
+        print(f"building part {part}", flush=True)
     return ExplodingBlock(config) if isinstance(part, int) else build(config, part, seed)
 """
 
