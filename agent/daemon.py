@@ -27,7 +27,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc
 from . import discovery, probe
 from .logs import MAX_READERS, Credit, send_logs
 from .metrics import registry_of
-from .runtime.launch import start_worker_launcher
+from .runtime.handoff import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
 MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane keeps as many)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from drover.v1 import agent_pb2
 
-from .runtime.inputs import inside
+from .runtime.handoff import inside
 
 CHUNK_BYTES = 64 * 1024
 MAX_TAIL_BYTES = 16 * 1024 * 1024

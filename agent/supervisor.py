@@ -13,10 +13,16 @@ from drover.planner.spec_io import Fields
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 
 from .logs import JOB_ID, log_file
-from .runtime.custom import check_counts
-from .runtime.inputs import inside, open_inputs
-from .runtime.launch import pace, worker_context
-from .runtime.worker import WorkerArgs, new_lines, telemetry_file, worker_main
+from .runtime.handoff import (
+    WorkerArgs,
+    check_inputs,
+    inside,
+    new_lines,
+    pace,
+    start_worker,
+    telemetry_file,
+    worker_context,
+)
 
 
 def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Training]:
@@ -125,9 +131,8 @@ class JobWorkers:
         spec, training = worker_job(model, steps, seed)
         if spec.family == "custom":
             allow_entry_point(spec.entry_point, model_modules)
-            check_counts(spec)  # this node's copy of the user's code builds what was planned
-        open_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         ctx = worker_context()
+        check_inputs(ctx, spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         if self.hosts_rank0:  # rank 0 rewrites these; an earlier job's must not be read meanwhile
             for name in ("migrations.jsonl", "trace.jsonl", "eval.jsonl"):
                 (self.out_dir / name).unlink(missing_ok=True)
@@ -155,9 +160,7 @@ class JobWorkers:
                 joining=joining,
                 log_file=str(log_file(self.inbox, device)),
             )
-            proc = ctx.Process(target=worker_main, args=(args,), name=f"{job_id}-{device}")
-            proc.start()
-            self.procs[device] = proc
+            self.procs[device] = start_worker(ctx, args, f"{job_id}-{device}")
         self._offsets: dict[Path, int] = {}
         self.latest: dict[str, dict] = {}  # device -> its newest telemetry line
 

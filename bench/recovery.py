@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from drover.agent.runtime.launch import worker_context
+from drover.agent.runtime.handoff import WorkerArgs, worker_context
 from drover.agent.runtime.recovery import World
-from drover.agent.runtime.worker import WorkerArgs, worker_main
+from drover.agent.runtime.worker import worker_main
 from drover.planner.model import model_from_dict
 from drover.planner.plan import plan_from_dict
 from drover.planner.ports import free_port

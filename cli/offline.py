@@ -210,7 +210,7 @@ class TraceProgress:
         self.bar.stop()
 
     def update(self) -> None:
-        from drover.agent.runtime.worker import new_lines
+        from drover.agent.runtime.handoff import new_lines
 
         rows, self.offset = new_lines(self.path, self.offset)
         if rows:

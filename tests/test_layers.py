@@ -11,6 +11,8 @@ absolute or relative, at any depth (imports inside functions included).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,12 @@ def test_the_contract_reads_relative_imports():
     names = {name for _, name in imports_of("drover.agent", FOLDERS["drover.agent"])}
     assert "drover.agent.runtime.model" in names or "drover.agent.runtime" in names
     assert any(n.startswith("drover.planner") for n in names)
+
+
+def test_the_daemons_start_without_torch():
+    """The agent starts, feeds and watches workers; torch (seconds to import, hundreds of MB)
+    is loaded by its worker launcher, and the control plane never needs it."""
+    modules = "drover.cli, drover.agent.daemon, drover.agent.supervisor, drover.control_plane.server"
+    check = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr

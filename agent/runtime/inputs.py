@@ -15,17 +15,8 @@ from drover.planner.training import SYNTHETIC, Training
 
 from .checkpoint import check_resumable, find_checkpoint
 from .data import Shards, Synthetic
+from .handoff import inside
 from .hf import HfWeights
-
-
-def inside(root: Path, relative: str) -> Path:
-    """`root / relative`, resolved (symlinks followed), refused unless it stays inside `root`:
-    names from the network never reach outside the agent's folders."""
-    root = root.resolve()
-    path = (root / relative).resolve()
-    if Path(relative).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"{relative[:80]!r} leads outside {root}")
-    return path
 
 
 @dataclass

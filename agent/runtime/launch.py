@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from multiprocessing import connection, forkserver
+from multiprocessing import connection
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from drover.planner.cluster import Cluster, Device, Gpu, Node
 from drover.planner.cost import validate
@@ -21,11 +20,11 @@ from drover.planner.ports import free_port
 from drover.planner.training import Training, lr_at
 
 from .checkpoint import model_meta
+from .handoff import WorkerArgs, pace, start_worker, worker_context
 from .inputs import open_inputs
 from .links import Namespaces
 from .model import EMBED, HEAD, Decoder, config_of, loss_sum
 from .optim import AdamW, clip_factor, local_sq_norm
-from .worker import WorkerArgs, worker_main
 
 LOCAL_NODE = "local"
 
@@ -34,11 +33,6 @@ def local_cluster(workers: int) -> Cluster:
     """This machine as a cluster of `workers` devices `local/0..N-1`; memory is not what limits a CPU run."""
     gpu = Gpu("cpu", tflops=1.0, memory_gib=1e9)
     return Cluster(LOCAL_NODE, (Node(LOCAL_NODE, workers, gpu, intra_gbps=100.0, ethernet_gbps=100.0),))
-
-
-def pace(tflops: float, spec: ModelSpec) -> float:
-    """The FLOP/s a paced device emulates at full health: its GPU's tflops x the model's mfu."""
-    return tflops * 1e12 * spec.mfu
 
 
 def pace_of(cluster: Cluster, device: Device, spec: ModelSpec) -> float:
@@ -100,25 +94,8 @@ def train_workers(
             namespaces.env if namespaces else None,
             ranks=ranks,
         )
-        proc = ctx.Process(target=worker_main, args=(args,), name=f"drover-worker-{rank}")
-        proc.start()
-        procs.append(proc)
+        procs.append(start_worker(ctx, args, f"drover-worker-{rank}"))
     wait_all(procs, tick)
-
-
-def worker_context():
-    """Workers fork from a server that has imported torch once: starting one is then
-    a fork, not an interpreter and a torch import per worker."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["drover.agent.runtime.worker", "drover.agent.runtime.preload"])
-    return ctx
-
-
-def start_worker_launcher() -> None:
-    """Start the forkserver now. Workers take its CPU priority, so a daemon that starts it
-    before lowering its own keeps its workers at full priority."""
-    worker_context()
-    forkserver.ensure_running()
 
 
 def wait_all(procs, tick: Callable[[], None] | None = None) -> None:

@@ -25,21 +25,20 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from drover.planner.errors import SpecError
-from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan, plan_from_dict
-from drover.planner.training import Training, lr_at
+from drover.planner.training import lr_at
 
 from . import layout
 from .checkpoint import model_meta, save_checkpoint, save_model
 from .curves import Curves
 from .grad_sync import sync_gradients
+from .handoff import WorkerArgs, telemetry_file
 from .inputs import open_inputs
 from .links import enter_namespace, network_layout
 from .model import config_of
@@ -52,48 +51,6 @@ from .switching import Switching
 from .tensor_parallel import WaitClock, split_dim
 
 log = logging.getLogger("drover.worker")
-
-
-def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
-    """The complete JSON lines a worker appended to `path` after byte `offset`, and the offset
-    after them (a line still being written waits for the next call)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
-        return [], offset
-    complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
-
-
-def telemetry_file(out: Path, device: str, suffix: str) -> Path:
-    """OUT/telemetry/DEVICE.SUFFIX, the device id with '_' for '/' (node-1/0 -> node-1_0.jsonl)."""
-    return out / "telemetry" / f"{device.replace('/', '_')}.{suffix}"
-
-
-@dataclass
-class WorkerArgs:
-    rank: int
-    world: int
-    init_method: str
-    spec: ModelSpec
-    training: Training
-    plans: list[tuple[int, Plan]]  # (step it arrives, plan); versions are 1, 2, ... in this order
-    out_dir: str
-    data_root: str = "."  # the job's paths (data, init, checkpoints, resume) are relative to it
-    slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
-    pace: float = 0.0  # a paced device's FLOP/s (the emulated GPU's tflops x mfu); 0: not paced
-    netns: str = ""  # an emulated network's namespace to run in (a local run; agents start inside theirs)
-    env: dict | None = None  # set before anything else (an emulated network's gloo interface and layout)
-    ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
-    # A directory an agent drops files into while the job runs: plan-V.json
-    # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
-    inbox: str | None = None
-    # A job growing onto this device: (the world's generation, the version of plans[0] in it, the
-    # plan the job's workers hold and their ranks before it). It joins and receives its parts.
-    joining: tuple[int, int, Plan, dict[str, int]] | None = None
-    log_file: str = ""  # stdout and stderr go here (an agent's workers: agent/logs.py); "": inherited
 
 
 class Worker(Rejoining, Switching):

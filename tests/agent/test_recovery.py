@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from drover.agent.runtime import recovery
-from drover.agent.runtime.launch import train_reference, worker_context
+from drover.agent.runtime.handoff import WorkerArgs, worker_context
+from drover.agent.runtime.launch import train_reference
 from drover.agent.runtime.layout import holdings, lost_parts, surviving_holdings
 from drover.agent.runtime.recovery import World, WorldWatch, peer_lost
-from drover.agent.runtime.worker import WorkerArgs, worker_main
+from drover.agent.runtime.worker import worker_main
 from drover.planner.model import load_model
 from drover.planner.ports import free_port
 from drover.planner.training import Checkpointing, Optimizer, Schedule, Training

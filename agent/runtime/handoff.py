@@ -1,0 +1,149 @@
+"""What an agent hands its workers, and how it starts them, without importing torch.
+
+The agent is a long-lived asyncio process that starts, feeds and watches workers; it
+never needs torch itself (seconds to import, hundreds of MB). The worker launcher, a
+forkserver, imports torch once, and every process that runs torch or the user's model
+code is forked from it: the workers, and the check of a job's inputs before they start.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from dataclasses import dataclass
+from multiprocessing import forkserver
+from pathlib import Path
+
+from drover.planner.model import ModelSpec
+from drover.planner.plan import Plan
+from drover.planner.training import Training
+
+CHECK_TIMEOUT_S = 300.0  # a job's inputs checked (a checkpoint's index, shard headers, the user's model built)
+
+
+def worker_context():
+    """Workers fork from a server that has imported torch once: starting one is then
+    a fork, not an interpreter and a torch import per worker."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["drover.agent.runtime.worker", "drover.agent.runtime.preload"])
+    return ctx
+
+
+def start_worker_launcher() -> None:
+    """Start the forkserver now. Workers take its CPU priority, so a daemon that starts it
+    before lowering its own keeps its workers at full priority."""
+    worker_context()
+    forkserver.ensure_running()
+
+
+def pace(tflops: float, spec: ModelSpec) -> float:
+    """The FLOP/s a paced device emulates at full health: its GPU's tflops x the model's mfu."""
+    return tflops * 1e12 * spec.mfu
+
+
+def inside(root: Path, relative: str) -> Path:
+    """`root / relative`, resolved (symlinks followed), refused unless it stays inside `root`:
+    names from the network never reach outside the agent's folders."""
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if Path(relative).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"{relative[:80]!r} leads outside {root}")
+    return path
+
+
+def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The complete JSON lines a worker appended to `path` after byte `offset`, and the offset
+    after them (a line still being written waits for the next call)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+
+def telemetry_file(out: Path, device: str, suffix: str) -> Path:
+    """OUT/telemetry/DEVICE.SUFFIX, the device id with '_' for '/' (node-1/0 -> node-1_0.jsonl)."""
+    return out / "telemetry" / f"{device.replace('/', '_')}.{suffix}"
+
+
+@dataclass
+class WorkerArgs:
+    rank: int
+    world: int
+    init_method: str
+    spec: ModelSpec
+    training: Training
+    plans: list[tuple[int, Plan]]  # (step it arrives, plan); versions are 1, 2, ... in this order
+    out_dir: str
+    data_root: str = "."  # the job's paths (data, init, checkpoints, resume) are relative to it
+    slow: tuple[float, int] | None = None  # emulated straggler: (rate, from step)
+    pace: float = 0.0  # a paced device's FLOP/s (the emulated GPU's tflops x mfu); 0: not paced
+    netns: str = ""  # an emulated network's namespace to run in (a local run; agents start inside theirs)
+    env: dict | None = None  # set before anything else (an emulated network's gloo interface and layout)
+    ranks: dict[str, int] | None = None  # device id -> rank; default local/0..N-1
+    # A directory an agent drops files into while the job runs: plan-V.json
+    # (plan version V) and slow-NODE_INDEX.json ({"rate", "from_step"}, emulation).
+    inbox: str | None = None
+    # A job growing onto this device: (the world's generation, the version of plans[0] in it, the
+    # plan the job's workers hold and their ranks before it). It joins and receives its parts.
+    joining: tuple[int, int, Plan, dict[str, int]] | None = None
+    log_file: str = ""  # stdout and stderr go here (an agent's workers: agent/logs.py); "": inherited
+
+
+def start_worker(ctx, args: WorkerArgs, name: str):
+    """A worker process, forked from the launcher and started."""
+    proc = ctx.Process(target=_run_worker, args=(args,), name=name)
+    proc.start()
+    return proc
+
+
+def check_inputs(ctx, spec: ModelSpec, training: Training, data_root: Path) -> None:
+    """What a worker would find wrong before training, found before any worker starts: the
+    user's model code builds what was planned, and the data, weights and checkpoint the job
+    names are there and fit the model. Run in a process forked from the launcher; its error
+    is raised here as an OSError (a file) or a ValueError (anything else), with its cause."""
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_check, args=(spec, training, str(data_root), send), name="drover-check-inputs")
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(CHECK_TIMEOUT_S):
+            raise ValueError(f"the job's inputs were not checked within {CHECK_TIMEOUT_S:.0f} s")
+        kind, message = receive.recv()
+    except EOFError:
+        proc.join()
+        raise ValueError(f"the check of the job's inputs exited with code {proc.exitcode}") from None
+    finally:
+        receive.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if kind == "OSError":
+        raise OSError(message)
+    if kind:
+        raise ValueError(message)
+
+
+def _run_worker(args: WorkerArgs) -> None:
+    from .worker import worker_main  # preloaded by the launcher: no import here
+
+    worker_main(args)
+
+
+def _check(spec: ModelSpec, training: Training, data_root: str, send) -> None:
+    from .custom import check_counts
+    from .inputs import open_inputs
+
+    try:
+        if spec.family == "custom":
+            check_counts(spec)
+        open_inputs(spec, training, data_root)
+        send.send(("", ""))
+    except OSError as exc:
+        send.send(("OSError", str(exc)))
+    except Exception as exc:  # the user's code may raise anything; the job fails with it
+        message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        send.send(("ValueError", message))
