@@ -34,6 +34,9 @@ MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane ke
 MAX_STEPS_SENT = 256  # steps' progress per telemetry message, the newest (the rest are not sent)
 
 log = logging.getLogger("drover.agent")
+# An attempt is one TCP connection, cheap for a control plane even from a thousand agents,
+# while every job waits for its agents: back within a second of the control plane's return.
+RECONNECT_MAX_S = 1.0
 AGENT_VERSION = "0.1.0"
 HEARTBEAT_S = 2.0  # telemetry goes up when workers report a step, or at least this often
 FORGET_AFTER_S = 300.0  # an ended job stays in hellos this long after its end went up, then is dropped
@@ -139,7 +142,7 @@ class Agent:
                         extra={"event": "disconnected", "code": str(code or exc)},
                     )
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
         finally:
             server.close()
             if metrics_http is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from drover.planner.cluster import Cluster
 
+from .runtime.handoff import run_in_launcher
+
 CPU_TFLOPS = 0.05  # a rough peak for one CPU worker; only ratios between devices matter to the planner
 SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
@@ -73,6 +75,11 @@ def devices(node: str, cpu_devices: int = 0) -> list[DeviceInfo]:
         return out
     except Exception:  # noqa: BLE001 - no NVML: fall back to torch
         pass
+    # In a process of the worker launcher: torch and a CUDA context stay out of the agent.
+    return run_in_launcher(cuda_devices, node)
+
+
+def cuda_devices(node: str) -> list[DeviceInfo]:
     import torch
 
     return [

@@ -131,8 +131,8 @@ class JobWorkers:
         spec, training = worker_job(model, steps, seed)
         if spec.family == "custom":
             allow_entry_point(spec.entry_point, model_modules)
+        check_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         ctx = worker_context()
-        check_inputs(ctx, spec, training, data_root)  # a missing or bad input fails the job here, with its cause
         if self.hosts_rank0:  # rank 0 rewrites these; an earlier job's must not be read meanwhile
             for name in ("migrations.jsonl", "trace.jsonl", "eval.jsonl"):
                 (self.out_dir / name).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 from drover.planner.training import Training
 
-CHECK_TIMEOUT_S = 300.0  # a job's inputs checked (a checkpoint's index, shard headers, the user's model built)
+FORKED_TIMEOUT_S = 300.0  # a job's inputs checked (a checkpoint's index, shard headers, the user's model built)
 
 
 def worker_context():
@@ -100,31 +100,40 @@ def start_worker(ctx, args: WorkerArgs, name: str):
     return proc
 
 
-def check_inputs(ctx, spec: ModelSpec, training: Training, data_root: Path) -> None:
-    """What a worker would find wrong before training, found before any worker starts: the
-    user's model code builds what was planned, and the data, weights and checkpoint the job
-    names are there and fit the model. Run in a process forked from the launcher; its error
-    is raised here as an OSError (a file) or a ValueError (anything else), with its cause."""
+def run_in_launcher(fn, *args, timeout_s: float = FORKED_TIMEOUT_S):
+    """fn(*args) in a process forked from the worker launcher, where torch is imported (and
+    the user's code or CUDA may be loaded without touching the agent); its result returned
+    here, its error raised here as an OSError (a file) or a ValueError (anything else), with
+    its cause. fn is a module-level function: it travels by name."""
+    ctx = worker_context()
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_check, args=(spec, training, str(data_root), send), name="drover-check-inputs")
+    proc = ctx.Process(target=_call, args=(send, fn, *args), name=f"drover-{fn.__name__.strip('_')}")
     proc.start()
     send.close()
     try:
-        if not receive.poll(CHECK_TIMEOUT_S):
-            raise ValueError(f"the job's inputs were not checked within {CHECK_TIMEOUT_S:.0f} s")
-        kind, message = receive.recv()
+        if not receive.poll(timeout_s):
+            raise ValueError(f"{fn.__name__.strip('_')} did not finish within {timeout_s:.0f} s")
+        kind, value = receive.recv()
     except EOFError:
         proc.join()
-        raise ValueError(f"the check of the job's inputs exited with code {proc.exitcode}") from None
+        raise ValueError(f"{fn.__name__.strip('_')} exited with code {proc.exitcode}") from None
     finally:
         receive.close()
         if proc.is_alive():
             proc.kill()
         proc.join()
     if kind == "OSError":
-        raise OSError(message)
-    if kind:
-        raise ValueError(message)
+        raise OSError(value)
+    if kind == "ValueError":
+        raise ValueError(value)
+    return value
+
+
+def check_inputs(spec: ModelSpec, training: Training, data_root: Path) -> None:
+    """What a worker would find wrong before training, found before any worker starts: the
+    user's model code builds what was planned, and the data, weights and checkpoint the job
+    names are there and fit the model."""
+    run_in_launcher(_check_inputs, spec, training, str(data_root))
 
 
 def _run_worker(args: WorkerArgs) -> None:
@@ -133,17 +142,19 @@ def _run_worker(args: WorkerArgs) -> None:
     worker_main(args)
 
 
-def _check(spec: ModelSpec, training: Training, data_root: str, send) -> None:
+def _check_inputs(spec: ModelSpec, training: Training, data_root: str) -> None:
     from .custom import check_counts
     from .inputs import open_inputs
 
+    if spec.family == "custom":
+        check_counts(spec)
+    open_inputs(spec, training, data_root)
+
+
+def _call(send, fn, *args) -> None:
     try:
-        if spec.family == "custom":
-            check_counts(spec)
-        open_inputs(spec, training, data_root)
-        send.send(("", ""))
+        send.send(("", fn(*args)))
     except OSError as exc:
         send.send(("OSError", str(exc)))
-    except Exception as exc:  # the user's code may raise anything; the job fails with it
-        message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-        send.send(("ValueError", message))
+    except Exception as exc:  # the user's code may raise anything; the caller's job fails with it
+        send.send(("ValueError", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))

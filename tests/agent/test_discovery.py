@@ -4,6 +4,8 @@ cluster file, and how the control plane turns either into the planner's node."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,11 @@ def test_the_planner_sees_an_emulated_node_as_its_file_does():
         assert {t: got.rdma_bw(t) * got.gpus for t in ("infiniband", "roce")} == {
             t: want.rdma_bw(t) * want.gpus for t in ("infiniband", "roce")
         }
+
+
+def test_gpus_found_without_nvml_are_found_outside_the_agent():
+    """Without NVML, torch counts the GPUs, in a process of the worker launcher: the agent
+    keeps neither torch nor a CUDA context. None on this machine."""
+    check = "import sys; from drover.agent import discovery; print(discovery.devices('n'), 'torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["[]", "False"], run.stdout + run.stderr

@@ -43,18 +43,17 @@ def test_a_jobs_inputs_are_checked_in_a_process_forked_from_the_launcher(tmp_pat
     """The agent never imports torch: a job's data, weights and checkpoint are opened (and a
     custom model built) in a process the worker launcher forks, and its error comes back here
     with the cause, as the agent's own check raised it before."""
-    from drover.agent.runtime.handoff import check_inputs, worker_context
+    from drover.agent.runtime.handoff import check_inputs
     from drover.agent.supervisor import worker_job
 
     model = {"name": "t", "layers": 2, "hidden": 16, "ffn_hidden": 32, "heads": 2, "seq_len": 8, "vocab": 32}
     model |= {"global_batch": 4, "micro_batch": 2}
-    ctx = worker_context()
     spec, training = worker_job({"model": model}, 2, 0)
-    check_inputs(ctx, spec, training, tmp_path)  # synthetic data: nothing to find
+    check_inputs(spec, training, tmp_path)  # synthetic data: nothing to find
     (tmp_path / "shards").mkdir()
     spec, training = worker_job({"model": model, "data": "shards"}, 2, 0)
     with pytest.raises((OSError, ValueError), match="meta.json"):
-        check_inputs(ctx, spec, training, tmp_path)
+        check_inputs(spec, training, tmp_path)
     spec, training = worker_job({"model": model, "resume": "nowhere"}, 2, 0)
     with pytest.raises(ValueError, match="nowhere"):
-        check_inputs(ctx, spec, training, tmp_path)
+        check_inputs(spec, training, tmp_path)
