@@ -134,6 +134,7 @@ class LocalCluster:
         as not yet (the control plane may be starting or restarting); a process of the cluster
         that exits, or the deadline, raises LocalClusterError."""
         deadline = time.time() + timeout_s
+        last = "nothing"  # what the last poll saw: in the error, it tells a slow cluster from a broken one
         while time.time() < deadline:
             exited = [(name, p.returncode) for name, p in self._processes() if p.poll() is not None]
             if exited:
@@ -145,10 +146,13 @@ class LocalCluster:
                 value = predicate()
                 if value:
                     return value
-            except grpc.RpcError:
-                pass
+                last = repr(value)
+            except grpc.RpcError as exc:
+                last = f"{exc.code().name}: {(exc.details() or '')[:200]}"
             time.sleep(0.2)
-        raise LocalClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self.logs}")
+        raise LocalClusterError(
+            f"timed out after {timeout_s:.0f} s waiting for {what} (last seen: {last}); logs in {self.logs}"
+        )
 
     def restart_server(self) -> None:
         """Kill the control plane (SIGKILL: no clean-up) and start it again on the same address and database."""
