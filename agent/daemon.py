@@ -52,6 +52,18 @@ def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
     )
 
 
+async def off_the_loop(start, *args, **kwargs):
+    """start(*args, **kwargs) in a thread. A job's input check and its worker starts wait on the
+    worker launcher, which on a fresh agent may still be importing torch: heartbeats go on
+    meanwhile. If the agent stops first, what was being started stops once it has started."""
+    starting = asyncio.ensure_future(asyncio.to_thread(start, *args, **kwargs))
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        starting.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().stop())
+        raise
+
+
 class Outbox:
     """What goes up the stream: hellos, telemetry and status before any log chunk, so a
     reader of long logs never delays what the control plane judges the node by."""
@@ -179,7 +191,7 @@ class Agent:
                     if not self.connected:  # the control plane answered: the stream is up
                         self.connected, self.connections = True, self.connections + 1
                         log.info("connected to the control plane at %s", self.address, extra={"event": "connected"})
-                    self._apply(message)
+                    await self._apply(message)
             finally:
                 self.connected = False
                 ticker.cancel()
@@ -215,14 +227,15 @@ class Agent:
 
     # -- what comes down -------------------------------------------------------------
 
-    def _apply(self, message: agent_pb2.ControlMessage) -> None:
+    async def _apply(self, message: agent_pb2.ControlMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == "start_job":
             start = message.start_job
             if start.job_id in self.jobs:
                 return  # already running it: the reconnect resend of desired state
             try:
-                self.jobs[start.job_id] = JobWorkers(
+                self.jobs[start.job_id] = await off_the_loop(
+                    JobWorkers,
                     start.job_id,
                     json.loads(start.model_yaml),
                     start.steps,

@@ -57,3 +57,41 @@ def test_a_jobs_inputs_are_checked_in_a_process_forked_from_the_launcher(tmp_pat
     spec, training = worker_job({"model": model, "resume": "nowhere"}, 2, 0)
     with pytest.raises(ValueError, match="nowhere"):
         check_inputs(spec, training, tmp_path)
+
+
+def test_a_job_starts_off_the_agents_event_loop_and_stops_if_the_agent_stops_first():
+    import asyncio
+    import threading
+
+    from drover.agent.daemon import off_the_loop
+
+    release, stopped = threading.Event(), threading.Event()
+
+    class SlowStart:  # a job whose worker launcher is still importing torch
+        def __init__(self):
+            release.wait(10)
+
+        def stop(self):
+            stopped.set()
+
+    async def main():
+        ticks = 0
+
+        async def heartbeat():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        beating = asyncio.create_task(heartbeat())
+        starting = asyncio.create_task(off_the_loop(SlowStart))
+        await asyncio.sleep(0.2)
+        assert ticks >= 5 and not starting.done()  # the loop ran while the job was starting
+        starting.cancel()  # the agent stops
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.to_thread(stopped.wait, 10)
+        beating.cancel()
+
+    asyncio.run(main())
+    assert stopped.is_set()  # what started after the agent stopped was stopped
