@@ -113,3 +113,15 @@ def test_the_daemons_start_without_torch():
     check = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_the_worker_launcher_imports_only_what_every_job_uses():
+    """Every agent's launcher imports the workers' code once; a checkpoint's libraries (DCP,
+    DTensor) load where a checkpoint is written or read, and the meta-device build of the parts
+    runs no initialiser (on meta, torch._refs would import torch._dynamo): seconds a cluster
+    start paid per node."""
+    heavy = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor")
+    launcher = "drover.agent.runtime.worker, drover.agent.runtime.preload"
+    check = f"import sys, {launcher}; print([m for m in {heavy} if m in sys.modules])"
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr

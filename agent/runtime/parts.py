@@ -9,18 +9,28 @@ import copy
 import functools
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .model import EMBED, HEAD, DecoderConfig, build_part
 from .optim import STATE_KEYS
 from .tensor_parallel import shard, shard_block, split_dim, unshard
 
 
+class _NoInit(TorchFunctionMode):
+    """torch.nn.init's functions do nothing: on the meta device they would only run
+    torch._refs, whose first use imports torch._dynamo (about a second per process)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 @functools.cache
 def _meta_module(cfg: DecoderConfig, kind: str) -> torch.nn.Module:
-    # Building on the meta device skips initialisation, but its first use of
-    # each layer type costs about a second: build once per kind and copy.
-    # Blocks are alike (the cost model's L identical blocks), so block 0 stands for all.
-    with torch.device("meta"):
+    # Built once per kind and copied: blocks are alike (the cost model's L identical blocks),
+    # so block 0 stands for all.
+    with torch.device("meta"), _NoInit():
         return build_part(cfg, 0 if kind == "block" else kind, seed=0, meta=True)
 
 
