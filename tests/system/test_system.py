@@ -613,7 +613,10 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster,
     with the switch's sends posted; scope node kills its agent's process group). Every part
     has a copy elsewhere: the job recovers from replicas and ends with the reference's model."""
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 200, "seed": 1}))
+    # The switch starts about 5 steps after the straggle (at step 10 to 15 here; the straggle is
+    # step-based, so as on any machine) and the job has recovered 1 to 2 steps later: 60 steps
+    # leave the end well past it (200 did, for nothing but time).
+    job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 60, "seed": 1}))
     c = local_cluster(nodes=2, devices_per_node=2)
     job = c.submit(job_file, "run")
     c.wait_until(lambda: c.job(job.id).step >= 5, 60)
