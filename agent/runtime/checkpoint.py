@@ -54,6 +54,13 @@ META = "drover.json"
 ARCHITECTURE = ("family", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "entry_point")
 
 
+def _dcp():
+    """torch.distributed.checkpoint, imported where a checkpoint is written or read."""
+    import torch.distributed.checkpoint
+
+    return torch.distributed.checkpoint
+
+
 def savers(plan: Plan, ranks: dict[str, int]) -> dict[layout.Part, tuple[int, ...]]:
     """part -> the TP group that writes it: the smallest TP size, then the lowest rank."""
     out: dict[layout.Part, tuple[int, ...]] = {}
@@ -107,9 +114,7 @@ def save_checkpoint(
     roles = layout.roles(plan, ranks)
     role = roles.get(rank)
     mine = {part for part, group in savers(plan, ranks).items() if rank in group}
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(_entries(parts, state, role, tp_pg, device, only=mine), checkpoint_id=str(partial))
+    _dcp().save(_entries(parts, state, role, tp_pg, device, only=mine), checkpoint_id=str(partial))
     if rank == 0:
         meta_path = partial / META
         with open(meta_path, "w") as f:
@@ -175,9 +180,7 @@ def load_checkpoint(
     """Fill this worker's parts and moments, in place, from a checkpoint of any layout;
     every worker calls this."""
     role = layout.roles(plan, ranks).get(rank)
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(_entries(parts, state, role, tp_pg, device), checkpoint_id=str(checkpoint))
+    _dcp().load(_entries(parts, state, role, tp_pg, device), checkpoint_id=str(checkpoint))
 
 
 def model_meta(spec: ModelSpec) -> dict:
@@ -232,7 +235,5 @@ def gathered_model(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
         state |= {part_prefix(part) + n: p.data for n, p in module.named_parameters()}
     with warnings.catch_warnings():  # one process, on purpose: no process group to warn about
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        import torch.distributed.checkpoint as dcp
-
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        _dcp().load(state, checkpoint_id=str(checkpoint), no_dist=True)
     return spec, state
