@@ -346,6 +346,22 @@ def holds_model(pipe: list[Group], model: ModelSpec) -> bool:
     return _room_for(_block_caps(tuple(g.kind for g in pipe), model, model.micro_batches), model.layers)
 
 
+def holding_order(pipe: list[Group], model: ModelSpec) -> list[Group]:
+    """The pipeline's groups in an order that holds the model, if its own does not and one with
+    the two groups of most memory at the ends does (the first stage also holds the embedding and
+    the most micro-batches in flight, the last the LM head); else as they are. The arrangements
+    deal groups by network and speed: with GPUs of unlike memory, a small one can land on an end
+    where nothing fits, though the same groups fit in another order."""
+    if len(pipe) < 2 or holds_model(pipe, model):
+        return pipe
+    roomiest = sorted(pipe, key=lambda g: -g.memory * g.t)
+    middle = roomiest[2:]
+    for order in ([roomiest[0], *middle, roomiest[1]], [roomiest[1], *middle, roomiest[0]]):
+        if holds_model(order, model):
+            return order
+    return pipe
+
+
 def _room_for(caps: list[int], blocks: int) -> bool:
     """Whether stages of these caps hold `blocks` blocks, each stage at least one."""
     return len(caps) <= blocks and min(caps) >= 1 and sum(caps) >= blocks

@@ -43,6 +43,7 @@ from .orchestration import (
     ODD_PIPELINES,
     deal,
     depths,
+    holding_order,
     holds_model,
     in_order,
     partition_layers,
@@ -248,6 +249,9 @@ def _layout(
                 slowest = min(pipe, key=lambda g: g.speed * g.t)
                 pipe.remove(slowest)
                 removed = removed + list(slowest.devices)
+        costs = partition_layers(pipelines, model, cluster)
+    if costs is None:  # a pipeline that holds the model only in another order of its stages
+        pipelines = [holding_order(p, model) for p in pipelines]
         costs = partition_layers(pipelines, model, cluster)
     if costs is None:  # a pipeline that cannot hold the model alone (too short, too small) stays idle
         fits = [holds_model(p, model) for p in pipelines]
