@@ -24,6 +24,8 @@ import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields
 
+from drover.planner.cluster import MAX_RATE
+
 
 @dataclass(frozen=True)
 class DetectorSettings:
@@ -137,7 +139,7 @@ class Detector:
                     self._slow.discard(device)
             elif sorted(ratios)[1] >= self.settings.healthy_below:  # all but one step slow
                 self._slow.add(device)
-            rates[device] = max(1.0, round(median, 1)) if device in self._slow else 1.0
+            rates[device] = min(MAX_RATE, max(1.0, round(median, 1))) if device in self._slow else 1.0
         return rates
 
     def slow_links(self, rates: dict[str, float]) -> list[str]:

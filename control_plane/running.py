@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from drover.planner import Plan
+from drover.planner.cluster import MAX_DEVICES
 
 from .coordinator import JobState
 from .detector import Detector
@@ -29,7 +30,7 @@ FLUSH_EVERY_S = 1.0
 FLUSH_ROWS = 1_000
 DEVICE_SILENCE_S = 60.0  # a device of a running job silent this long while others report is lost
 # A job spans at most this many devices: planning grows with them, and must stay bounded.
-MAX_JOB_DEVICES = 16_384
+MAX_JOB_DEVICES = MAX_DEVICES  # the most a cluster file may describe, too
 # Once a plan is found, planning stops trying layouts after this long and takes the best so far
 # (1,024 GPUs plan in about 2 s; the largest job allowed, 16,384 devices with 1,024 layers and
 # 65,536 micro-batches, takes 23.5 s unbudgeted on 2 cores, 13.3 s with the baselines scored).

@@ -17,6 +17,15 @@ from .spec_io import Fields, load_mapping
 RDMA_TYPES = ("infiniband", "roce")
 GBPS = 1e9 / 8  # bytes/s in one Gbps
 GIB = 2**30
+# What a cluster file may describe, so that planning it is bounded work: as many devices as the
+# largest job the control plane plans (control_plane.running.MAX_JOB_DEVICES), as many on a node
+# as an agent may report, and figures a thousand times past today's hardware at most (past about
+# 1e300 the cost model's arithmetic overflows).
+MAX_DEVICES = 16_384
+MAX_NODE_GPUS = 1024
+MAX_NICS = 64
+MAX_FIGURE = 1e6  # TFLOP/s, GiB, Gbps
+MAX_RATE = 1e6  # past a millionfold, a device is as good as failed (rate inf)
 
 
 @dataclass(frozen=True)
@@ -194,11 +203,20 @@ class Cluster:
         return replace(self, nodes=self.nodes + (node,))
 
 
+RATES_ALLOWED = f"a number >= 1.0 and <= {MAX_RATE:g}, or inf for a failed device"
+
+
+def valid_rate(rate) -> bool:
+    """A straggling rate as RATES_ALLOWED says."""
+    number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+    return number and (1.0 <= rate <= MAX_RATE or rate == math.inf)
+
+
 def _check_rate(source: str, device: str, rate, devices) -> None:
     if device not in devices:
         raise SpecError(source, f"rates.{device}", rate, "a device id NODE/INDEX of this cluster")
-    if not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1.0):
-        raise SpecError(source, f"rates.{device}", rate, "a number >= 1.0, or inf for a failed device")
+    if not valid_rate(rate):
+        raise SpecError(source, f"rates.{device}", rate, RATES_ALLOWED)
 
 
 def parse_rate(value):
@@ -217,21 +235,24 @@ def _parse_node(raw, defaults: dict, source: str, prefix: str) -> Node:
     f = Fields({**defaults, **raw}, source, prefix)  # a node's own keys win
     g = f.mapping("gpu")
     g.reject_unknown({"name", "tflops", "memory_gib"})
-    gpu = Gpu(g.string("name"), g.number("tflops"), g.number("memory_gib"))
+    gpu = Gpu(g.string("name"), g.number("tflops", maximum=MAX_FIGURE), g.number("memory_gib", maximum=MAX_FIGURE))
     nics = []
-    for i, raw_nic in enumerate(f.items("nics", [])):
+    raw_nics = f.items("nics", [])
+    if len(raw_nics) > MAX_NICS:
+        raise f.error("nics", f"{len(raw_nics)} entries", f"at most {MAX_NICS}")
+    for i, raw_nic in enumerate(raw_nics):
         n = Fields(raw_nic, source, f"{f.path('nics')}[{i}]")
         n.reject_unknown({"type", "gbps", "count"})
         nic_type = n.string("type")
         if nic_type not in RDMA_TYPES:
             raise n.error("type", nic_type, f"one of {', '.join(RDMA_TYPES)} (Ethernet is ethernet_gbps)")
-        nics.append(Nic(nic_type, n.number("gbps"), n.integer("count", 1)))
+        nics.append(Nic(nic_type, n.number("gbps", maximum=MAX_FIGURE), n.integer("count", 1, maximum=MAX_NICS)))
     return Node(
         name=f.string("name"),
-        gpus=f.integer("gpus"),
+        gpus=f.integer("gpus", maximum=MAX_NODE_GPUS),
         gpu=gpu,
-        intra_gbps=f.number("intra_gbps"),
-        ethernet_gbps=f.number("ethernet_gbps"),
+        intra_gbps=f.number("intra_gbps", maximum=MAX_FIGURE),
+        ethernet_gbps=f.number("ethernet_gbps", maximum=MAX_FIGURE),
         nics=tuple(nics),
     )
 
@@ -244,7 +265,11 @@ def cluster_from_dict(data: dict, source: str = "cluster") -> Cluster:
     raw_nodes = f.items("nodes")
     if not raw_nodes:
         raise f.error("nodes", raw_nodes, "a non-empty list of nodes")
+    if len(raw_nodes) > MAX_DEVICES:
+        raise f.error("nodes", f"{len(raw_nodes)} nodes", f"at most {MAX_DEVICES} devices in all")
     nodes = [_parse_node(raw, defaults, source, f"nodes[{i}]") for i, raw in enumerate(raw_nodes)]
+    if (devices := sum(n.gpus for n in nodes)) > MAX_DEVICES:
+        raise f.error("nodes", f"{devices} devices", f"at most {MAX_DEVICES} devices in all")
     seen = set()
     for i, node in enumerate(nodes):
         if node.name in seen or "/" in node.name:

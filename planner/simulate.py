@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cluster import Cluster, Node, node_from_dict, parse_rate
+from .cluster import RATES_ALLOWED, Cluster, Node, node_from_dict, parse_rate, valid_rate
 from .cost import BYTES_PER_PARAM, evaluate
 from .errors import PlanError, SpecError
 from .model import ModelSpec
@@ -100,8 +100,8 @@ def events_from_dict(data: dict, cluster: Cluster, source: str = "events") -> Ev
         if device not in devices:
             raise e.error("device", device, "a device id NODE/INDEX of the cluster or of a node joined earlier")
         rate = parse_rate(e.get("rate"))
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 1.0:
-            raise e.error("rate", rate, "a number >= 1.0 (1.0 recovers), or inf for a failed device")
+        if not valid_rate(rate):
+            raise e.error("rate", rate, f"{RATES_ALLOWED} (1.0 recovers)")
         events.append(RateChange(step, device, float(rate)))
     return Events(tuple(events), restart_s, detect_steps)
 

@@ -41,6 +41,9 @@ HEALTHY = {"a": [1] * 4, "b": [1] * 4, "c": [1] * 4}
         ({"a": [1] * 8, "b": [1] * 8, "c": [4, 4, 4, 4, 1, 1, 1, 1]}, {"a": 1.0, "b": 1.0, "c": 1.0}),
         # too little data: no rates yet
         ({"a": [1, 1, 1], "b": [1, 1, 1]}, {}),
+        # a device a billion times slower (or a peer reporting nearly nothing) is a millionfold
+        # straggler at most: the most a plan's rates may say (planner.cluster.MAX_RATE)
+        ({**HEALTHY, "d": [1e9] * 4}, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1e6}),
     ],
 )
 def test_rates(series, expected):

@@ -176,6 +176,26 @@ GOOD_NODE = {
         ({"nodes": [GOOD_NODE], "rates": {"a/9": 2.0}}, "rates.a/9", 2.0),
         ({"nodes": [GOOD_NODE], "rates": {"a/1": 0.5}}, "rates.a/1", 0.5),
         ({"nodes": [GOOD_NODE], "colour": "red"}, "colour", "red"),
+        # bounded, so planning a file is bounded work and its arithmetic stays finite
+        ({"nodes": [{**GOOD_NODE, "gpus": 100_000}]}, "nodes[0].gpus", 100_000),
+        ({"nodes": [{**GOOD_NODE, "name": f"n{i}"} for i in range(2049)]}, "nodes", "16392 devices"),
+        (
+            {"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": 1e300, "memory_gib": 80}}]},
+            "nodes[0].gpu.tflops",
+            1e300,
+        ),
+        (
+            {"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": 1, "memory_gib": 1e300}}]},
+            "nodes[0].gpu.memory_gib",
+            1e300,
+        ),
+        ({"nodes": [{**GOOD_NODE, "intra_gbps": 1e7}]}, "nodes[0].intra_gbps", 1e7),
+        (
+            {"nodes": [{**GOOD_NODE, "nics": [{"type": "roce", "gbps": 100, "count": 65}]}]},
+            "nodes[0].nics[0].count",
+            65,
+        ),
+        ({"nodes": [GOOD_NODE], "rates": {"a/1": 1.7e308}}, "rates.a/1", 1.7e308),
     ],
 )
 def test_bad_cluster_fields_named(data, field, value):
