@@ -1,6 +1,7 @@
 """Off-line hunt for where Drover's plan falls short of the exact optimum (not a test).
 
     python tests/planner/optimum_gaps.py --cases 600 --out tests/planner/optimum_gaps.json
+    python tests/planner/optimum_gaps.py --first-seed 1000 --cases 800 --out /tmp/gaps.json  # unseen cases
 
 Draws seeded random cases (tests/planner/cases.py), compares Drover with the oracle
 (exhaustive.py), tells which freedom the gap comes from by re-solving with the
@@ -146,14 +147,16 @@ def shrink(cd: dict, md: dict, kind: str, budget: int = 120) -> tuple[dict, dict
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=600)
+    parser.add_argument("--first-seed", type=int, default=0, help="draw seeds FIRST to FIRST + CASES - 1")
+    parser.add_argument("--max-gpus", type=int, default=8, help="GPUs of a case at most (the oracle slows past 8)")
     parser.add_argument("--per-kind", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).with_name("optimum_gaps.json")))
     args = parser.parse_args()
     kinds: dict[str, list] = {}
     worst: dict[str, float] = {}
     failed = 0
-    for seed in range(args.cases):
-        cd, md = random_case(random.Random(seed).choice)
+    for seed in range(args.first_seed, args.first_seed + args.cases):
+        cd, md = random_case(random.Random(seed).choice, args.max_gpus)
         v = judge(cd, md)
         if v is None:
             continue
