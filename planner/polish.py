@@ -309,9 +309,10 @@ class Polisher:
 
     def _whole_groups(self, layout: Layout) -> Iterator[Layout]:
         """Edits by whole groups: two groups of a node anywhere merged into one, in the place of
-        either (two single-stage
-        pipelines as one wider group), and a node's idle GPUs back as one group as wide as the
-        model allows: a stage before or after each pipeline, or a pipeline of its own."""
+        either (two single-stage pipelines as one wider group); one node alone, as one group of
+        each valid width or as many pipelines of that width as it has GPUs for, or one fewer (a
+        small model whose gradients sync within a node); and a node's idle GPUs back as one group as wide
+        as the model allows: a stage before or after each pipeline, or a pipeline of its own."""
         pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
         places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
         for p, i, a in places:  # the merged group in the place of either
@@ -321,14 +322,20 @@ class Polisher:
                     out[p][i] = self.group(a.devices + b.devices)
                     del out[q][j]
                     yield Layout(tuple(tuple(pipe) for pipe in out if pipe), removed)
-        usable: dict[int, list[str]] = {}  # a node alone, as wide as it goes: where links cost most
+        usable: dict[int, list[str]] = {}  # a node alone: where links cost most
         for d in self.cluster.usable:
             usable.setdefault(d.node, []).append(d.id)
         for ids in usable.values():
             ids.sort(key=lambda d: (self.devices[d].rate, self.devices[d].index))
             for width in (t for t in range(1, len(ids) + 1) if valid(t)):
-                alone = self.group(ids[:width])
-                yield Layout(((alone,),), tuple(d.id for d in self.cluster.usable if d.id not in alone.devices))
+                # as wide as it goes, and as many pipelines of that width as it has GPUs for, or
+                # one fewer (the slowest GPUs idle: a straggler's group would hold back the rest)
+                count = min(len(ids) // width, self.model.micro_batches)
+                for alone in sorted({1, max(1, count - 1), count}):
+                    groups = [self.group(ids[i * width : (i + 1) * width]) for i in range(alone)]
+                    used = {d for g in groups for d in g.devices}
+                    rest = tuple(d.id for d in self.cluster.usable if d.id not in used)
+                    yield Layout(tuple((g,) for g in groups), rest)
         idle: dict[int, list[str]] = {}
         for d in removed:
             idle.setdefault(self.devices[d].node, []).append(d)

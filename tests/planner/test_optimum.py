@@ -148,7 +148,7 @@ def test_every_recorded_gap_is_closed():
 
 def test_drover_within_one_percent_of_optimum_on_nearly_every_random_case():
     """Seeded random cases: Drover within 1% of the optimum on at least 97% of them (measured:
-    3 misses in 189, the worst at 0.91), and no miss below 0.8. The misses need two or more
+    1 miss in 189, at 0.92), and no miss below 0.8. The misses need two or more
     edits of local search at once (see the closing note of issue 15)."""
     ratios = []
     for seed in range(RANDOM_CASES):
