@@ -311,8 +311,9 @@ class Polisher:
         """Edits by whole groups: two groups of a node anywhere merged into one, in the place of
         either (two single-stage pipelines as one wider group); one node alone, as one group of
         each valid width or as many pipelines of that width as it has GPUs for, or one fewer (a
-        small model whose gradients sync within a node); and a node's idle GPUs back as one group as wide
-        as the model allows: a stage before or after each pipeline, or a pipeline of its own."""
+        small model whose gradients sync within a node); and a node's idle GPUs back as one
+        group as wide as the model allows: a stage before or after each pipeline, or a pipeline
+        of its own."""
         pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
         places = [(p, i, g) for p, pipe in enumerate(pipes) for i, g in enumerate(pipe)]
         for p, i, a in places:  # the merged group in the place of either
@@ -501,11 +502,10 @@ def polish(
 def wider_starts(polisher: Polisher, peaks: list, widened: set, climbed: set) -> list[Layout]:
     """Where local search climbs next once the best hill top's scored neighbours lead nowhere
     higher: every unclimbed edit of the best hill top not yet widened, scored (none cut by a
-    floor), best first; or of the next top if none is left. Small clusters
-    spent a twentieth of their budget before this (8 GPUs: about 160 of 3,500 stages) and
-    stopped at plans two edits from the optimum: one pipeline of TP sizes 1, 1, 1, 1, 4 where
-    1, 1, 2, 2, 2 is 5% faster (a group merged, then another split). Large clusters spend their
-    budget before."""
+    floor), best first; or of the next top if none is left. Small clusters spent a twentieth of
+    their budget before this (8 GPUs: about 160 of 3,500 stages) and stopped at plans two edits
+    from the optimum: one pipeline of TP sizes 1, 1, 1, 1, 4 where 1, 1, 2, 2, 2 is 5% faster (a
+    group merged, then another split). Large clusters spend their budget before."""
     for _, _, peak in sorted(peaks):
         if peak in widened:
             continue
