@@ -20,6 +20,8 @@ import json
 import os
 import re
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 from drover.agent.runtime.links import NETWORK_ENV, Namespaces
@@ -146,10 +148,16 @@ class NetworkEmulation:
     def remove(self) -> None:
         """Delete what this run made (a namespace takes its veths and qdiscs with it)."""
         for name in reversed(self.created):
-            if name == self.uplink:
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
+            command = ["ip", "link", "del", name] if name == self.uplink else ["ip", "netns", "del", name]
+            # A namespace whose last processes are still exiting is busy for a moment: seen on a
+            # loaded machine, where one deletion failed and left the namespaces behind.
+            for _ in range(50):
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode == 0 or not _exists(name):
+                    break
+                time.sleep(0.1)
             else:
-                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+                print(f"drover: could not remove {name}: {done.stderr.strip()}", file=sys.stderr)
         self.created.clear()
 
 
@@ -170,6 +178,12 @@ def shape(namespace: str, device: str, gbps: float, delay_ms: float, verb: str =
         parent = ["parent", "1:", "handle", "2:"]
     _run("tc", "-n", namespace, "qdisc", verb, "dev", device, *parent, "tbf", "rate", f"{rate_kbit}kbit",
          "burst", str(burst), "latency", "200ms")  # fmt: skip
+
+
+def _exists(name: str) -> bool:
+    if name.endswith("-cp"):
+        return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+    return name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
 
 
 def remove_stale() -> None:
