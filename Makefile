@@ -11,9 +11,7 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	# Two workers: most tests wait on processes and sockets as much as they compute.
-	# The tests that share the emulated network's names run on one (xdist_group "netns").
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/planner.py

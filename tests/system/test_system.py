@@ -216,7 +216,6 @@ def nic_bytes(db: Path) -> dict[tuple[str, str], float]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-@pytest.mark.xdist_group("netns")
 def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
     """Two nodes on InfiniBand, two on RoCE, all four on a slower Ethernet, each in its own
     namespace: Drover's plan keeps each data-parallel group inside one RDMA network, its
@@ -253,7 +252,6 @@ def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-@pytest.mark.xdist_group("netns")
 def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
