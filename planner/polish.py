@@ -196,9 +196,15 @@ class Polisher:
                 yield Layout(pipes[:p] + pipes[p + 1 :], removed + tuple(d for g in pipe for d in g.devices))
 
     def _splits_and_merges(self, layout: Layout) -> Iterator[Layout]:
-        """A group in two stages (an idle GPU of its node may join either), TP halved in a
-        whole pipeline (data parallelism doubled), or two neighbouring stages in one group."""
+        """Two neighbouring stages in one group; a group in two stages (an idle GPU of its node
+        may join either); or TP halved in a whole pipeline (data parallelism doubled). Merges
+        first: they are few, and a climb takes the first edit that helps."""
         pipes, removed, valid = layout.pipelines, layout.removed, self.model.tp_divides
+        for p, pipe in enumerate(pipes):
+            for i in range(len(pipe) - 1):
+                a, b = pipe[i], pipe[i + 1]
+                if a.node == b.node and valid(a.t + b.t):
+                    yield _with(layout, p, pipe[:i] + (self.group(a.devices + b.devices),) + pipe[i + 2 :])
         for p, pipe in enumerate(pipes):
             for i, g in enumerate(pipe):
                 by_speed = sorted(g.devices, key=lambda d: (self.devices[d].rate, self.devices[d].index))
@@ -215,10 +221,6 @@ class Polisher:
                     [self.group(g.devices[g.t // 2 :]) for g in pipe],
                 )
                 yield Layout(_replace(pipes, p, tuple(halves[0])) + (tuple(halves[1]),), removed)
-            for i in range(len(pipe) - 1):
-                a, b = pipe[i], pipe[i + 1]
-                if a.node == b.node and valid(a.t + b.t):
-                    yield _with(layout, p, pipe[:i] + (self.group(a.devices + b.devices),) + pipe[i + 2 :])
 
     def _restores(self, layout: Layout) -> Iterator[Layout]:
         """An idle GPU back: in a group of its node, or a stage of its own."""
