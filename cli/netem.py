@@ -149,8 +149,9 @@ class NetworkEmulation:
         """Delete what this run made (a namespace takes its veths and qdiscs with it)."""
         for name in reversed(self.created):
             command = ["ip", "link", "del", name] if name == self.uplink else ["ip", "netns", "del", name]
-            # A namespace whose last processes are still exiting is busy for a moment: seen on a
-            # loaded machine, where one deletion failed and left the namespaces behind.
+            # Seen once on a loaded machine (two test workers): a run exited 0 and left its
+            # namespaces, the deletion's error not kept. So it is tried again for up to 5 s, and
+            # what still fails is said.
             for _ in range(50):
                 done = subprocess.run(command, capture_output=True, text=True)
                 if done.returncode == 0 or not _exists(name):
