@@ -5,6 +5,7 @@ scenarios. Prints one JSON document.
     python bench/planner.py            # 64 and 256 GPUs, timing up to 1024, 200 generated scenarios
     python bench/planner.py --quick    # 64 GPUs only, 20 generated scenarios
     python bench/planner.py --only-generated --scenarios 50 --evals 20000 --seed 0
+    python bench/planner.py --jobs 8       # the generated scenarios 8 at a time: the same figures
     python bench/planner.py --only-generated --evals 1000000000 --budget 4   # 4 s each instead (not replayable)
 
 Straggler retention E = (thr / ideal) on the cluster with its rates, divided
@@ -23,7 +24,9 @@ The worst cases go to bench/gap_cases.json (scenario, both plans, what differs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
@@ -217,62 +220,79 @@ def reference(cluster, model, drover_plan, budget: float | None, evals: int, see
     return reference_search(cluster, model, evals=evals, seconds=budget, seed=seed, starts=starts)
 
 
-def generated_bench(count: int, seed: int, budget: float | None, evals: int, worst: int, log=None) -> dict:
-    """Drover's E and Drover / reference on `count` generated scenarios."""
+def scenario_result(s, seed: int, budget: float | None, evals: int) -> tuple[dict, dict | None]:
+    """One generated scenario: its row of the report, and its case for bench/gap_cases.json
+    (None where Drover's plan is as fast as the reference's)."""
+    cluster, model = s.cluster(), s.model()
+    plan, seconds = timed_plan(cluster, model)
+    healthy, _ = timed_plan(s.healthy_cluster(), model)
+    ref = reference(cluster, model, plan, budget, evals, seed)
+    q_healthy = quality(healthy)
+    ratio = plan.predicted.samples_per_s / ref.plan.predicted.samples_per_s
+    row = {
+        "id": s.id,
+        "description": s.description,
+        "gpus": len(cluster.devices),
+        "network": s.network,
+        "damage": s.damage,
+        "E": round(quality(plan) / q_healthy, 4),
+        "E_ref": round(quality(ref.plan) / q_healthy, 4),
+        "ratio": round(ratio, 4),
+        "plan_seconds": round(seconds, 3),
+        "ref_evals": ref.evals,
+        "ref_seconds": round(ref.seconds, 2),
+        "ref_start": ref.start,
+    }
+    if ratio >= 1 - 1e-9:
+        return row, None
+    d, r = describe(plan, cluster, model), describe(ref.plan, cluster, model)
+    if ratio < 0.999:
+        row["kinds"] = tally(d, r)
+    gains = {k: round(v, 4) for k, v in sorted(ref.gains.items(), key=lambda kv: -kv[1]) if v > 1e-6}
+    case = {
+        **row,
+        "moves": gains,
+        "kinds": tally(d, r),
+        "changes": compare(d, r),
+        "drover": d,
+        "reference": r,
+        "scenario": s.to_dict(),
+        "reference_plan": ref.plan.to_dict(),
+        "reproduce": {
+            "command": f"python bench/planner.py --replay {s.id}",
+            "seed": seed,
+            "evals": evals,
+            "seconds": budget,
+        },
+    }
+    return row, case
+
+
+def _scenario_result(args: tuple) -> tuple[dict, dict | None]:
+    return scenario_result(*args)
+
+
+def generated_bench(
+    count: int, seed: int, budget: float | None, evals: int, worst: int, log=None, jobs: int = 1
+) -> dict:
+    """Drover's E and Drover / reference on `count` generated scenarios, `jobs` at a time (each
+    in a process of its own; the figures are the same, planning times longer)."""
     rows, cases = [], []
     started = time.perf_counter()
-    for s in generate(count, seed):
-        cluster, model = s.cluster(), s.model()
-        plan, seconds = timed_plan(cluster, model)
-        healthy, _ = timed_plan(s.healthy_cluster(), model)
-        ref = reference(cluster, model, plan, budget, evals, seed)
-        q_healthy = quality(healthy)
-        ratio = plan.predicted.samples_per_s / ref.plan.predicted.samples_per_s
-        row = {
-            "id": s.id,
-            "description": s.description,
-            "gpus": len(cluster.devices),
-            "network": s.network,
-            "damage": s.damage,
-            "E": round(quality(plan) / q_healthy, 4),
-            "E_ref": round(quality(ref.plan) / q_healthy, 4),
-            "ratio": round(ratio, 4),
-            "plan_seconds": round(seconds, 3),
-            "ref_evals": ref.evals,
-            "ref_seconds": round(ref.seconds, 2),
-            "ref_start": ref.start,
-        }
-        rows.append(row)
-        if ratio < 1 - 1e-9:
-            d, r = describe(plan, cluster, model), describe(ref.plan, cluster, model)
-            if ratio < 0.999:
-                row["kinds"] = tally(d, r)
-            gains = {k: round(v, 4) for k, v in sorted(ref.gains.items(), key=lambda kv: -kv[1]) if v > 1e-6}
-            cases.append(
-                {
-                    **row,
-                    "moves": gains,
-                    "kinds": tally(d, r),
-                    "changes": compare(d, r),
-                    "drover": d,
-                    "reference": r,
-                    "scenario": s.to_dict(),
-                    "reference_plan": ref.plan.to_dict(),
-                    "reproduce": {
-                        "command": f"python bench/planner.py --replay {s.id}",
-                        "seed": seed,
-                        "evals": evals,
-                        "seconds": budget,
-                    },
-                }
-            )
-        if log:
-            print(
-                f"[{s.id}] {row['gpus']} GPUs E {row['E']} E_ref {row['E_ref']} ratio {row['ratio']} "
-                f"({ref.evals} evals, {ref.seconds:.1f}s) {s.description}",
-                file=log,
-                flush=True,
-            )
+    work = [(s, seed, budget, evals) for s in generate(count, seed)]
+    with multiprocessing.Pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        results = pool.imap(_scenario_result, work) if pool else map(_scenario_result, work)
+        for row, case in results:
+            rows.append(row)
+            if case is not None:
+                cases.append(case)
+            if log:
+                print(
+                    f"[{row['id']}] {row['gpus']} GPUs E {row['E']} E_ref {row['E_ref']} ratio {row['ratio']} "
+                    f"({row['ref_evals']} evals, {row['ref_seconds']:.1f}s) {row['description']}",
+                    file=log,
+                    flush=True,
+                )
     cases.sort(key=lambda c: c["ratio"])
     kinds: dict[str, dict[str, int]] = {}  # network -> difference -> cases below 0.99
     for c in cases:
@@ -317,6 +337,7 @@ def generated_bench(count: int, seed: int, budget: float | None, evals: int, wor
         "seed": seed,
         "budget": {"seconds": budget, "evals": evals},
         "seconds": round(time.perf_counter() - started, 1),
+        "jobs": jobs,  # past 1, plan_seconds were measured beside other scenarios' searches
         "E": distribution(E),
         "E_ref": distribution(E_ref),
         "drover_over_reference": distribution(ratios),
@@ -427,6 +448,12 @@ def main() -> None:
     parser.add_argument("--only-generated", action="store_true", help="skip the hand-picked sections")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/gap_cases.json")
     parser.add_argument("--progress", action="store_true", help="one line per generated scenario on stderr")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="generated scenarios run at once, each in a process (same figures; their planning times longer)",
+    )
     parser.add_argument("--replay", type=int, metavar="ID", help="rerun one case of bench/gap_cases.json")
     args = parser.parse_args()
     if args.replay is not None:
@@ -453,7 +480,7 @@ def main() -> None:
         }
     if count:
         progress = sys.stderr if args.progress else None
-        generated = generated_bench(count, args.seed, budget, evals, args.worst, progress)
+        generated = generated_bench(count, args.seed, budget, evals, args.worst, progress, args.jobs)
         cases = generated.pop("_cases")
         if not (args.no_save or args.quick):  # a quick run must not replace the full run's cases
             saved = {"planner_version": report["planner_version"], "budget": generated["budget"], "cases": cases}
