@@ -148,12 +148,11 @@ class NetworkEmulation:
     def remove(self) -> None:
         """Delete what this run made (a namespace takes its veths and qdiscs with it)."""
         for name in reversed(self.created):
-            command = ["ip", "link", "del", name] if name == self.uplink else ["ip", "netns", "del", name]
             # Seen once on a loaded machine (two test workers): a run exited 0 and left its
             # namespaces, the deletion's error not kept. So it is tried again for up to 5 s, and
             # what still fails is said.
             for _ in range(50):
-                done = subprocess.run(command, capture_output=True, text=True)
+                done = _delete(name)
                 if done.returncode == 0 or not _exists(name):
                     break
                 time.sleep(0.1)
@@ -181,20 +180,34 @@ def shape(namespace: str, device: str, gbps: float, delay_ms: float, verb: str =
          "burst", str(burst), "latency", "200ms")  # fmt: skip
 
 
+def _is_uplink(name: str) -> bool:
+    return name.endswith("-cp")  # every other name is a namespace's
+
+
+def _namespaces() -> list[str]:
+    """The network namespaces' names (`ip netns list` follows some with "(id: N)")."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.strip()]
+
+
 def _exists(name: str) -> bool:
-    if name.endswith("-cp"):
+    if _is_uplink(name):
         return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
-    return name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return name in _namespaces()
+
+
+def _delete(name: str) -> subprocess.CompletedProcess:
+    """Delete a namespace (with its veths and qdiscs), or this machine's uplink."""
+    command = ["ip", "link", "del", name] if _is_uplink(name) else ["ip", "netns", "del", name]
+    return subprocess.run(command, capture_output=True, text=True)
 
 
 def remove_stale() -> None:
     """Namespaces and uplinks of runs whose process is gone (killed before they could clean up)."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    names = [n for n in listed if _OURS.match(n)]
+    names = [n for n in _namespaces() if _OURS.match(n)]
     names += [m.group(1) for m in re.finditer(r"^\d+: (drv\d+-cp)[@:]", links, re.M)]
     for name in names:
         pid = int(_OURS.match(name).group(1))
         if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            command = ["ip", "link", "del", name] if name.endswith("-cp") else ["ip", "netns", "del", name]
-            subprocess.run(command, capture_output=True)
+            _delete(name)

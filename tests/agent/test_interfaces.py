@@ -1,14 +1,16 @@
-"""Which network a process group takes (links.py), by table; and an emulated network
-refused plainly where it cannot be made."""
+"""Which network a process group takes (links.py), by table; an emulated network refused
+plainly where it cannot be made; and what a killed run left removed by the next."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
 from drover.agent.runtime.links import bound_to, interface_for
-from drover.cli.netem import NetworkEmulation, NetworkError
+from drover.cli.netem import NetworkEmulation, NetworkError, remove_stale
 from drover.planner.network import load_network
 
 from support import ROOT
@@ -58,3 +60,32 @@ def test_an_emulated_network_needs_root(monkeypatch):
     with pytest.raises(NetworkError, match="needs root"):
         with NetworkEmulation(*load_network(ROOT / "examples" / "clusters" / "ib-roce-eth.yaml")):
             pass
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and ip")
+def test_what_a_killed_run_left_is_removed_and_a_live_runs_is_kept():
+    """remove_stale, on real namespaces and a veth: a name whose PID is gone is deleted (a
+    namespace, or an uplink ending in -cp), one of a live process stays."""
+    dead, live = f"drv{_dead_pid()}", f"drv{os.getppid()}"
+    made = [f"{dead}-n1", f"{live}-n1"]
+    for name in made:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "link", "add", f"{dead}-cp", "type", "veth", "peer", "name", f"{dead}-pe"], check=True)
+    try:
+        remove_stale()
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"{dead}-n1" not in namespaces and f"{live}-n1" in namespaces
+        gone = subprocess.run(["ip", "link", "show", f"{dead}-cp"], capture_output=True)
+        assert gone.returncode != 0
+    finally:
+        subprocess.run(["ip", "netns", "del", f"{live}-n1"], capture_output=True)
+        for name in (f"{dead}-n1", f"{dead}-cp"):
+            subprocess.run(["ip", "netns", "del", name] if name.endswith("n1") else ["ip", "link", "del", name],
+                           capture_output=True)  # fmt: skip
