@@ -1,59 +1,87 @@
 """The `drover` command line: thin click commands over library functions.
 
-The group is assembled here from the command modules: offline.py (plan,
-simulate, train), data.py (data prepare, data tokenizer, export), remote.py (commands that talk to a control plane),
-daemons.py (server, agent) and up.py (a local cluster and one job). Errors
+The group is assembled here from the command modules, each imported when its
+command is named (COMMANDS): offline.py (plan, simulate, train), data.py (data
+prepare, data tokenizer, export), remote.py (commands that talk to a control
+plane), daemons.py (server, agent), up.py (a local cluster and one job) and
+report.py. Errors
 are mapped to exit codes in one place, `main`: bad input (a spec file, a
 plan, a usage mistake) prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 import grpc
 
-from drover.control_plane.errors import StartError
-from drover.metrics import MetricsError
 from drover.planner.errors import PlanError, SpecError
-from drover.storage.errors import StoreError
 
-from . import daemons, data, offline, remote, report, up
-from .local_cluster import LocalClusterError
 from .options import environment_for_every_option
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _plan() -> click.Command:
+    """`drover plan` plans offline; its subcommands read a running job's plans."""
+    from . import offline, remote
+
+    offline.plan.add_command(remote.plan_show)
+    offline.plan.add_command(remote.plan_history)
+    return offline.plan
+
+
+# Each command's module is imported when the command is named: `drover job list` does not load
+# the planner's search, the server, the local cluster or the metrics exporter.
+COMMANDS = {
+    "plan": _plan,
+    **{name: f"offline:{name}" for name in ("simulate", "train")},
+    **{name: f"data:{name}" for name in ("data", "export")},
+    "up": "up:up",
+    **{name: f"daemons:{name}" for name in ("server", "agent", "certs")},
+    **{name: f"remote:{name}" for name in ("job", "nodes", "telemetry", "replan", "detect", "node", "straggle")},
+    "report": "report:report",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMANDS:
+            where = COMMANDS[name]
+            if callable(where):
+                command = where()
+            else:
+                module, attribute = where.split(":")
+                command = getattr(importlib.import_module(f".{module}", __name__), attribute)
+            # every option reads DROVER_<COMMAND PATH>_<OPTION> (see environment_for_every_option)
+            environment_for_every_option(command, f"DROVER_{name.replace('-', '_')}")
+            self.add_command(command, name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="drover", prog_name="drover", message="%(prog)s %(version)s")
 def cli() -> None:
     """Drover keeps hybrid-parallel training fast when GPUs straggle and networks differ."""
 
 
-for command in (
-    offline.plan,
-    offline.simulate,
-    offline.train,
-    data.data,
-    data.export,
-    up.up,
-    daemons.server,
-    daemons.agent,
-    daemons.certs,
-    remote.job,
-    remote.nodes,
-    remote.telemetry,
-    remote.replan,
-    remote.detect,
-    remote.node,
-    remote.straggle,
-    report.report,
-):
-    cli.add_command(command)
-# `drover plan` plans offline; its subcommands read a running job's plans.
-offline.plan.add_command(remote.plan_show)
-offline.plan.add_command(remote.plan_history)
 environment_for_every_option(cli)
+# Errors a command reports as one line, exit 1, by the module that raises them: a module that
+# was never imported raised none, so main need not import it to catch them.
+RUN_ERRORS = (
+    ("drover.cli.local_cluster", "LocalClusterError"),
+    ("drover.storage.errors", "StoreError"),
+    ("drover.control_plane.errors", "StartError"),
+    ("drover.metrics", "MetricsError"),
+)
+
+
+def _run_error(exc: Exception) -> bool:
+    loaded = tuple(getattr(sys.modules[m], name) for m, name in RUN_ERRORS if m in sys.modules)
+    return isinstance(exc, loaded)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
                 err=True,
             )
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
-    except (LocalClusterError, StoreError, StartError, MetricsError) as exc:
+    except Exception as exc:
+        if not _run_error(exc):
+            raise
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(1)

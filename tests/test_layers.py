@@ -131,3 +131,10 @@ def test_the_worker_launcher_imports_only_what_every_job_uses():
     start paid per node."""
     loaded = modules_after_importing("drover.agent.runtime.worker, drover.agent.runtime.preload")
     assert loaded.isdisjoint({"torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor"})
+
+
+def test_the_client_library_starts_without_the_search():
+    """A scheduler that imports drover.client (and reads a plan's wire form or an error) does
+    not load the planner's search or numpy: drover.planner exports its names lazily."""
+    loaded = modules_after_importing("drover.client, drover.planner.errors, drover.planner.wire")
+    assert loaded.isdisjoint({"drover.planner.search", "drover.planner.walk", "numpy"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import click
 import pytest
 
 from drover.cli import main
@@ -107,8 +108,8 @@ def test_every_command_is_documented():
     from drover.cli import cli
 
     doc = (ROOT / "docs" / "cli.md").read_text()
-    for name, command in cli.commands.items():
-        subcommands = getattr(command, "commands", {})
+    for name in cli.list_commands(None):
+        subcommands = getattr(cli.get_command(None, name), "commands", {})
         for sub in subcommands or [None]:
             spelled = f"drover {name}" + (f" {sub}" if sub else "")
             assert spelled in doc, f"{spelled} is missing from docs/cli.md"
@@ -305,8 +306,8 @@ def test_every_option_reads_an_environment_variable_shown_in_help(capsys, monkey
 
     def commands(command, path):
         yield path, command
-        for name, sub in getattr(command, "commands", {}).items():
-            yield from commands(sub, [*path, name])
+        for name in command.list_commands(None) if isinstance(command, click.Group) else []:
+            yield from commands(command.get_command(None, name), [*path, name])
 
     for path, command in commands(cli, []):
         options = [p for p in command.params if p.param_type_name == "option" and p.name not in ("help", "version")]
