@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from drover.agent.runtime.links import bound_to, interface_for
+from drover.cli import netem
 from drover.cli.netem import NetworkEmulation, NetworkError, remove_stale
 from drover.planner.network import load_network
 
@@ -74,8 +75,7 @@ def test_what_a_killed_run_left_is_removed_and_a_live_runs_is_kept():
     """remove_stale, on real namespaces and a veth: a name whose PID is gone is deleted (a
     namespace, or an uplink ending in -cp), one of a live process stays."""
     dead, live = f"drv{_dead_pid()}", f"drv{os.getppid()}"
-    made = [f"{dead}-n1", f"{live}-n1"]
-    for name in made:
+    for name in (f"{dead}-n1", f"{live}-n1"):
         subprocess.run(["ip", "netns", "add", name], check=True)
     subprocess.run(["ip", "link", "add", f"{dead}-cp", "type", "veth", "peer", "name", f"{dead}-pe"], check=True)
     try:
@@ -85,7 +85,5 @@ def test_what_a_killed_run_left_is_removed_and_a_live_runs_is_kept():
         gone = subprocess.run(["ip", "link", "show", f"{dead}-cp"], capture_output=True)
         assert gone.returncode != 0
     finally:
-        subprocess.run(["ip", "netns", "del", f"{live}-n1"], capture_output=True)
-        for name in (f"{dead}-n1", f"{dead}-cp"):
-            subprocess.run(["ip", "netns", "del", name] if name.endswith("n1") else ["ip", "link", "del", name],
-                           capture_output=True)  # fmt: skip
+        for name in (f"{live}-n1", f"{dead}-n1", f"{dead}-cp"):
+            netem._delete(name)
