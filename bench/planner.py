@@ -222,8 +222,7 @@ def machine_loop_s(repeats: int = 5) -> float:
 def timing_report(rows: list[dict], loop_s: float) -> dict:
     """Planning times against the targets, as measured and scaled to the targets' machine speed."""
     scale = TARGETS_LOOP_S / loop_s
-    for row in rows:
-        row["worst_seconds_at_targets_speed"] = round(row["worst_seconds"] * scale, 3)
+    rows = [row | {"worst_seconds_at_targets_speed": round(row["worst_seconds"] * scale, 3)} for row in rows]
     return {
         "planning_time": rows,
         "planning_time_targets_s": PLANNING_TARGET_S,
