@@ -61,7 +61,7 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
                     f"{s.layers[0]}-{s.layers[1]}",
                     s.n,
                     f"{slowest:g}" if slowest != 1.0 else "",
-                    f"{t_p:.3f}" if k == 0 else "",
+                    f"{t_p:.4g}" if k == 0 else "",
                 ]
             )
     pred = plan.predicted
@@ -72,8 +72,9 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
         table(["pipeline", "micro", "stage", "devices", "tp", "blocks", "n", "rate", "T_p (s)"], rows),
         "",
         f"removed: {compact_devices(plan.removed) if plan.removed else 'none'}",
-        f"step time: {breakdown.step_time_s:.3f} s (slowest pipeline {max(breakdown.pipeline_times_s):.3f} s "
-        f"+ gradient sync {breakdown.dp_sync_time_s:.3f} s)",
+        # Four significant figures: a small model's steps take milliseconds.
+        f"step time: {breakdown.step_time_s:.4g} s (slowest pipeline {max(breakdown.pipeline_times_s):.4g} s "
+        f"+ gradient sync {breakdown.dp_sync_time_s:.4g} s)",
     ]
     if pred is not None:
         lines.append(
@@ -84,9 +85,17 @@ def render_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> str:
 
 
 def render_simulation(runs) -> str:
-    rows = [[r.strategy, f"{r.total_s:.1f}", f"{r.samples_per_s:.2f}", r.replans, f"{r.migration_s:.1f}"] for r in runs]
-    lines = [table(["strategy", "total (s)", "samples/s", "replans", "migrating (s)"], rows)]
+    rows = [
+        [r.strategy, f"{r.trained_steps}/{r.steps}", f"{r.total_s:.1f}", f"{r.samples_per_s:.2f}", r.replans]
+        + [f"{r.migration_s:.1f}"]
+        for r in runs
+    ]
+    lines = [table(["strategy", "steps", "total (s)", "samples/s", "replans", "migrating (s)"], rows)]
     for r in runs:
         lines += ["", f"{r.strategy}:"]
-        lines += [f"  step {e.step:>6}  {e.step_time_s:8.3f} s/step  {e.event}" for e in r.timeline]
+        lines += [f"  step {e.step:>6}  {_seconds_per_step(e.step_time_s)}  {e.event}" for e in r.timeline]
     return "\n".join(lines)
+
+
+def _seconds_per_step(seconds: float | None) -> str:
+    return f"{'stopped':>15}" if seconds is None else f"{seconds:>8.4g} s/step"

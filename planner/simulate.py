@@ -107,8 +107,9 @@ def events_from_dict(data: dict, cluster: Cluster, source: str = "events") -> Ev
 
 
 def _parse_joining_node(e: Fields, cluster: Cluster, source: str) -> Node:
+    data = e.mapping("join").data  # its error already names events[i].join
     try:
-        return node_from_dict(e.mapping("join").data, cluster, source)
+        return node_from_dict(data, cluster, source)
     except SpecError as err:  # name the field where it is in the events file
         field_path = e.path("join") + err.field.removeprefix("node")
         raise SpecError(source, field_path, err.value, err.allowed) from None
@@ -122,7 +123,7 @@ def load_events(path: str | Path, cluster: Cluster) -> Events:
 class TimelineEntry:
     step: int
     event: str
-    step_time_s: float  # of the steps that follow, until the next entry
+    step_time_s: float | None  # of the steps that follow, until the next entry; None: the run stopped
 
     def to_dict(self) -> dict:
         return {"step": self.step, "event": self.event, "step_time_s": self.step_time_s}
@@ -137,15 +138,20 @@ class StrategyRun:
     replans: int = 0  # a restart counts as a replan
     migration_s: float = 0.0  # spent moving state or restarting
     timeline: list[TimelineEntry] = field(default_factory=list)
+    trained_steps: int = 0
+    stopped_at: int | None = None  # the step from which no plan of this strategy fits, if any
 
     @property
     def samples_per_s(self) -> float:
-        return self.steps * self.global_batch / self.total_s
+        """Of the steps trained (all of them unless the run stopped)."""
+        return self.trained_steps * self.global_batch / self.total_s if self.total_s > 0 else 0.0
 
     def to_dict(self) -> dict:
         return {
             "strategy": self.strategy,
             "steps": self.steps,
+            "trained_steps": self.trained_steps,
+            "stopped_at": self.stopped_at,
             "total_s": self.total_s,
             "samples_per_s": self.samples_per_s,
             "replans": self.replans,
@@ -163,6 +169,20 @@ class StrategyRun:
         step_time = evaluate(plan, truth, model).step_time_s
         self.timeline.append(TimelineEntry(step, event, step_time))
         self.total_s += (end - step) * step_time
+        self.trained_steps += end - step
+
+    def stop(self, step: int, event: str, err: PlanError) -> None:
+        """No plan of this strategy fits from `step` on: the run ends there."""
+        self.stopped_at = step
+        self.timeline.append(TimelineEntry(step, f"{event}; no plan fits, the run stops: {err.detail}", None))
+
+
+# What a strategy's planning raises when the cluster, as it now is, holds no plan of that strategy.
+NO_PLAN = ("no-feasible-plan", "no-usable-device")
+
+
+def _no_plan(err: PlanError) -> bool:
+    return err.rule in NO_PLAN
 
 
 class _World:
@@ -223,15 +243,22 @@ def _uses_failed(plan: Plan, cluster: Cluster) -> bool:
 def _run_uniform(world: _World) -> StrategyRun:
     model, original = world.model, set(world.initial.node_index)
     run = StrategyRun("uniform", world.steps, model.global_batch)
-    plan = make_plan(world.initial, model, "uniform")
+    plan = None
     for step, end in world.segments(e.step for e in world.events):
         truth = world.truth(step)
         event = _describe(world.happened_at(step)) or "start"
-        if _uses_failed(plan, truth):
-            # A static job restarts on the nodes it was launched with.
-            plan = make_plan(_only_nodes(truth, original), model, "uniform")
-            run.switch(world.restart_s)
-            event += f"; restart ({world.restart_s:g} s) without the failed pipeline"
+        if plan is None or _uses_failed(plan, truth):
+            try:  # a static job (re)starts on the nodes it was launched with
+                new = make_plan(_only_nodes(truth, original), model, "uniform")
+            except PlanError as err:
+                if not _no_plan(err):
+                    raise
+                run.stop(step, event, err)
+                break
+            if plan is not None:
+                run.switch(world.restart_s)
+                event += f"; restart ({world.restart_s:g} s) without the failed pipeline"
+            plan = new
         run.train(step, end, event, plan, truth, model)
     return run
 
@@ -245,15 +272,25 @@ def _only_nodes(cluster: Cluster, names: set[str]) -> Cluster:
 def _run_drop(world: _World) -> StrategyRun:
     model = world.model
     run = StrategyRun("drop", world.steps, model.global_batch)
-    plan, layout = _drop_plan(world.initial, model), _drop_layout(world.initial)
+    plan, layout = None, None
     for step, end in world.segments(e.step for e in world.events):
         truth = world.truth(step)
         event = _describe(world.happened_at(step)) or "start"
-        if _drop_layout(truth) != layout or _uses_failed(plan, truth):
-            plan, layout = _drop_plan(truth, model), _drop_layout(truth)
-            run.switch(world.restart_s)
-            dropped = ", ".join(sorted(layout[0])) or "none"
-            event += f"; restart ({world.restart_s:g} s), nodes dropped: {dropped}"
+        if plan is None or _drop_layout(truth) != layout or _uses_failed(plan, truth):
+            try:
+                new, kept = _drop_plan(truth, model)
+            except PlanError as err:
+                if not _no_plan(err):
+                    raise
+                run.stop(step, event, err)
+                break
+            layout = _drop_layout(truth)
+            if plan is not None and new != plan:  # the same plan again needs no restart
+                run.switch(world.restart_s)
+                event += f"; restart ({world.restart_s:g} s), {kept}"
+            elif plan is None and step == 0 and layout[0]:
+                event += f"; {kept}"
+            plan = new
         run.train(step, end, event, plan, truth, model)
     return run
 
@@ -264,28 +301,49 @@ def _drop_layout(cluster: Cluster) -> tuple[frozenset[str], frozenset[str]]:
     return bad, frozenset(cluster.node_index)
 
 
-def _drop_plan(cluster: Cluster, model: ModelSpec) -> Plan:
+def _drop_plan(cluster: Cluster, model: ModelSpec) -> tuple[Plan, str]:
+    """(drop's plan, what it did with the nodes holding a straggler or failed GPU)."""
+    dropped = ", ".join(sorted(_drop_layout(cluster)[0])) or "none"
     try:
-        return make_plan(cluster, model, "drop")
+        return make_plan(cluster, model, "drop"), f"nodes dropped: {dropped}"
     except PlanError as err:
         if err.rule != "no-feasible-plan":
             raise
-        return make_plan(cluster, model, "uniform")  # every node straggles: nothing left to drop to
+    # Every node holds a straggler or a failed GPU, or those left cannot hold the model: drop
+    # keeps every node, as the uniform plan of the GPUs that have not failed.
+    try:
+        plan = make_plan(cluster, model, "uniform")
+    except PlanError as err:
+        raise PlanError(
+            err.rule,
+            f"strategy 'drop' finds no plan that fits for model {model.name!r} on cluster {cluster.name!r}, "
+            "with or without the nodes that straggle",
+        ) from None
+    return plan, f"nothing left to drop to ({dropped} straggle): every node kept"
 
 
 def _run_drover(world: _World) -> StrategyRun:
     model = world.model
     run = StrategyRun("drover", world.steps, model.global_batch)
-    plan = make_plan(world.initial, model, "drover")
+    plan = None
     detections = {e.step + world.delay(e) for e in world.events}
     for step, end in world.segments({e.step for e in world.events} | detections):
         truth, known = world.truth(step), world.known(step)
         happened = [e for e in world.happened_at(step) if world.delay(e) > 0]
         notes = [f"{e.describe()} ({_detection_note(e.step + world.delay(e), world.steps)})" for e in happened]
-        if step in detections:
-            plan, decision = _reconsider(plan, known, world, remaining=world.steps - step, run=run)
-            notes.append(f"{_describe(world.detected_at(step))}: {decision}")
-        run.train(step, end, "; ".join(notes) or "start", plan, truth, model)
+        try:
+            if plan is None:  # planned on what it knows at the start: nothing to migrate from
+                plan = make_plan(known, model, "drover")
+                notes.append(_describe(world.detected_at(step)))
+            elif step in detections:
+                plan, decision = _reconsider(plan, known, world, remaining=world.steps - step, run=run)
+                notes.append(f"{_describe(world.detected_at(step))}: {decision}")
+        except PlanError as err:
+            if not _no_plan(err):
+                raise
+            run.stop(step, "; ".join([n for n in notes if n]) or "start", err)
+            break
+        run.train(step, end, "; ".join([n for n in notes if n]) or "start", plan, truth, model)
     return run
 
 
@@ -368,4 +426,7 @@ def simulate(cluster: Cluster, model: ModelSpec, events: Events, steps: int) -> 
         raise SpecError("simulate", "steps", steps, "an integer >= 1")
     world = _World(cluster, model, events, steps)
     runners = {"drover": _run_drover, "uniform": _run_uniform, "drop": _run_drop}
-    return [runners[name](world) for name in STRATEGIES]
+    runs = [runners[name](world) for name in STRATEGIES]
+    if runs[0].stopped_at == 0:  # drover's search holds the baselines too: no strategy has a plan
+        make_plan(world.known(0), model, "drover")  # raises its error
+    return runs

@@ -8,7 +8,7 @@ import pytest
 from drover.planner import simulate as sim
 from drover.planner.cluster import cluster_from_dict, load_cluster
 from drover.planner.cost import evaluate
-from drover.planner.errors import SpecError
+from drover.planner.errors import PlanError, SpecError
 from drover.planner.model import load_model, model_from_dict
 from drover.planner.search import make_plan
 from drover.planner.simulate import Events, NodeJoin, RateChange, events_from_dict, load_events, simulate
@@ -200,6 +200,7 @@ def test_example_events_file_parses_and_simulates_quickly(monkeypatch):
         ({"step": 1, "device": "node-1/0", "speed": 2.0}, "events[0].speed", "known field"),
         ({"step": 1, "join": {"name": "node-0"}}, "events[0].join.name", "not already"),
         ({"step": 1, "join": {"name": "node-4", "gpus": 0}}, "events[0].join.gpus", ">= 1"),
+        ({"step": 1, "join": "node-4"}, "events[0].join", "mapping"),
     ],
 )
 def test_bad_event_names_the_field(cluster, entry, field, fragment):
@@ -239,6 +240,66 @@ def test_rates_accept_inf_spellings_and_joined_devices(cluster):
         events_from_dict(
             {"events": [{"step": 1, "device": "node-4/0", "rate": 2}, {"step": 5, "join": {"name": "node-4"}}]}, cluster
         )
+
+
+def two_gpus():
+    return cluster_from_dict(
+        {
+            "name": "two",
+            "defaults": {
+                "gpus": 1,
+                "gpu": {"name": "A100-40G", "tflops": 312, "memory_gib": 40},
+                "intra_gbps": 2400,
+                "ethernet_gbps": 10,
+            },
+            "nodes": [{"name": "a"}, {"name": "b"}],
+        }
+    )
+
+
+def needs_both(model):  # too big for one 40 GB GPU, fits on two
+    return replace(model, name="needs-both", layers=24, hidden=3072, ffn_hidden=12288, heads=24, global_batch=16)
+
+
+def test_a_strategy_left_without_a_plan_stops_and_the_others_go_on(model):
+    two, big = two_gpus(), needs_both(model)
+    runs = by_strategy(simulate(two, big, events(RateChange(5, "b/0", float("inf"))), 20))
+    for name in ("uniform", "drop"):  # one GPU cannot hold the model, and they do not move state
+        run = runs[name]
+        assert (run.stopped_at, run.trained_steps, run.replans) == (5, 5, 0)
+        assert run.timeline[-1].step_time_s is None and "no plan fits" in run.timeline[-1].event
+        assert f"strategy '{name}'" in run.timeline[-1].event
+        assert run.to_dict()["stopped_at"] == 5
+    # Drover cannot plan around the failure either: it stops at the same step.
+    assert (runs["drover"].stopped_at, runs["drover"].trained_steps) == (5, 5)
+
+
+def test_with_no_plan_at_all_simulate_raises_the_planners_error(model):
+    two, big = two_gpus(), needs_both(model)
+    with pytest.raises(PlanError, match="no-feasible-plan"):
+        simulate(two, big, events(RateChange(0, "a/0", float("inf"))), 20)
+
+
+def test_drop_with_every_node_straggling_keeps_them_and_says_so(model):
+    two, big = two_gpus(), needs_both(model)
+    runs = by_strategy(simulate(two.with_rates({"b/0": 1.9}), big, events(RateChange(10, "a/0", 3.0)), 40))
+    drop = runs["drop"]
+    assert "nodes dropped: b" not in drop.timeline[0].event  # b alone cannot hold it: kept
+    assert "every node kept" in drop.timeline[0].event
+    # Both straggle at step 10: the same plan goes on, with no restart charged for it.
+    assert (drop.replans, drop.migration_s, drop.trained_steps) == (0, 0.0, 40)
+
+
+def test_events_at_step_zero_are_the_start_not_a_change(cluster, model):
+    at_start = events(RateChange(0, "node-1/2", float("inf")), RateChange(0, "node-2/0", 4.0))
+    runs = by_strategy(simulate(cluster, model, at_start, STEPS))
+    assert runs["uniform"].replans == runs["drop"].replans == 0  # they start on the cluster as it is
+    failed = cluster.with_rates({"node-1/2": float("inf")})
+    assert runs["drover"].timeline[0].step_time_s == pytest.approx(
+        step_time(
+            make_plan(failed, model, "drover"), cluster.with_rates({"node-1/2": float("inf"), "node-2/0": 4.0}), model
+        )
+    )
 
 
 def test_steps_must_be_positive(cluster, model):
