@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from drover.planner.cluster import MAX_FIGURE, MIN_FIGURE
 from drover.planner.errors import quote
 from drover.planner.training import MAX_PATH
 from drover.v1 import agent_pb2
@@ -129,11 +130,14 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
         }
         for d in hello.devices
     ]
-    for d in devices:
+    for i, d in enumerate(devices):
         if not d["id"].startswith(hello.node + "/"):
             raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
+        for key in ("memory_gib", "tflops", "intra_gbps"):
+            _check_figure(f"hello.devices[{i}].{key}", d[key])
     nics = [{"name": n.name, "type": n.type, "gbps": n.gbps, "address": n.address} for n in hello.nics]
-    for n in nics:
+    for i, n in enumerate(nics):
+        _check_figure(f"hello.nics[{i}].gbps", n["gbps"])
         if n["address"]:
             try:
                 ipaddress.ip_address(n["address"])
@@ -155,8 +159,17 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
     return devices, nics
 
 
+def _check_figure(where: str, value: float) -> None:
+    """0 (unknown, or a failed probe) or a figure the planner can divide by: a cluster file's bounds."""
+    if value != 0.0 and not MIN_FIGURE <= value <= MAX_FIGURE:
+        raise InvalidArgument(f"{where} = {value!r}: 0 (unknown) or from {MIN_FIGURE:g} to {MAX_FIGURE:g}")
+
+
 def check_telemetry(message: agent_pb2.Telemetry) -> None:
-    """What check_bounds cannot know: samples name a device, and compute times are plausible."""
+    """What check_bounds cannot know: samples name a device, compute times are plausible, and
+    link speeds are figures the planner can use."""
+    for i, k in enumerate(message.links):
+        _check_figure(f"telemetry.links[{i}].gbps", k.gbps)
     for i, s in enumerate(message.devices):
         if not s.device:
             raise InvalidArgument(f"telemetry.devices[{i}].device = '': a device id NODE/INDEX")

@@ -19,12 +19,13 @@ GBPS = 1e9 / 8  # bytes/s in one Gbps
 GIB = 2**30
 # What a cluster file may describe, so that planning it is bounded work: as many devices as the
 # largest job the control plane plans (control_plane.running.MAX_JOB_DEVICES), as many on a node
-# as an agent may report, and figures a thousand times past today's hardware at most (past about
-# 1e300 the cost model's arithmetic overflows).
+# as an agent may report, and figures from a thousandth of a unit to a thousand times today's
+# hardware (the cost model divides by them: at 5e-324 Gbps a step time overflowed to inf, and
+# inf - inf made a division by zero).
 MAX_DEVICES = 16_384
 MAX_NODE_GPUS = 1024
 MAX_NICS = 64
-MAX_FIGURE = 1e6  # TFLOP/s, GiB, Gbps
+MIN_FIGURE, MAX_FIGURE = 1e-3, 1e6  # TFLOP/s, GiB, Gbps
 MAX_RATE = 1e6  # past a millionfold, a device is as good as failed (rate inf)
 
 
@@ -235,7 +236,7 @@ def _parse_node(raw, defaults: dict, source: str, prefix: str) -> Node:
     f = Fields({**defaults, **raw}, source, prefix)  # a node's own keys win
     g = f.mapping("gpu")
     g.reject_unknown({"name", "tflops", "memory_gib"})
-    gpu = Gpu(g.string("name"), g.number("tflops", maximum=MAX_FIGURE), g.number("memory_gib", maximum=MAX_FIGURE))
+    gpu = Gpu(g.string("name"), _figure(g, "tflops"), _figure(g, "memory_gib"))
     nics = []
     raw_nics = f.items("nics", [])
     if len(raw_nics) > MAX_NICS:
@@ -246,15 +247,19 @@ def _parse_node(raw, defaults: dict, source: str, prefix: str) -> Node:
         nic_type = n.string("type")
         if nic_type not in RDMA_TYPES:
             raise n.error("type", nic_type, f"one of {', '.join(RDMA_TYPES)} (Ethernet is ethernet_gbps)")
-        nics.append(Nic(nic_type, n.number("gbps", maximum=MAX_FIGURE), n.integer("count", 1, maximum=MAX_NICS)))
+        nics.append(Nic(nic_type, _figure(n, "gbps"), n.integer("count", 1, maximum=MAX_NICS)))
     return Node(
         name=f.string("name"),
         gpus=f.integer("gpus", maximum=MAX_NODE_GPUS),
         gpu=gpu,
-        intra_gbps=f.number("intra_gbps", maximum=MAX_FIGURE),
-        ethernet_gbps=f.number("ethernet_gbps", maximum=MAX_FIGURE),
+        intra_gbps=_figure(f, "intra_gbps"),
+        ethernet_gbps=_figure(f, "ethernet_gbps"),
         nics=tuple(nics),
     )
+
+
+def _figure(f: Fields, key: str) -> float:
+    return f.number(key, minimum=MIN_FIGURE, exclusive=False, maximum=MAX_FIGURE)
 
 
 def cluster_from_dict(data: dict, source: str = "cluster") -> Cluster:

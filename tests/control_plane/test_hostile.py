@@ -189,3 +189,36 @@ async def test_one_stream_a_node_so_one_certificate_cannot_hold_every_slot(plane
     other = plane.agent("node-1")
     await plane.connected(2)
     assert not other.call.done() and not second.call.done()
+
+
+@pytest.mark.parametrize(
+    "hello, where",
+    [
+        (
+            agent_pb2.Hello(node="node-9", devices=[agent_pb2.Device(id="node-9/0", kind="cpu", tflops=5e-324)]),
+            "hello.devices[0].tflops = 5e-324",
+        ),
+        (
+            agent_pb2.Hello(node="node-9", devices=[agent_pb2.Device(id="node-9/0", kind="cpu", intra_gbps=1e-9)]),
+            "hello.devices[0].intra_gbps = 1e-09",
+        ),
+        (agent_pb2.Hello(node="node-9", nics=[agent_pb2.Nic(name="eth0", type="ethernet", gbps=1e7)]), "nics[0].gbps"),
+    ],
+)
+async def test_figures_the_planner_cannot_divide_by_are_refused(plane, hello, where):
+    # At 5e-324 TFLOP/s every later submission failed with INTERNAL (a division by zero).
+    code, details = await hello_answer(plane, hello)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and where in details and "0.001" in details
+    assert (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes == []
+
+
+async def test_a_link_sample_the_planner_cannot_divide_by_is_refused(plane):
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await agent.receive()
+    link = agent_pb2.LinkSample(nic="eth0", peer="node-1", gbps=5e-324, time=1.0)
+    agent.send(telemetry=agent_pb2.Telemetry(job_id=job.id, active_plan_version=1, links=[link]))
+    code, details = await code_of(agent.receive())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "telemetry.links[0].gbps = 5e-324" in details
+    await healthy_within(plane)

@@ -190,6 +190,12 @@ GOOD_NODE = {
             1e300,
         ),
         ({"nodes": [{**GOOD_NODE, "intra_gbps": 1e7}]}, "nodes[0].intra_gbps", 1e7),
+        ({"nodes": [{**GOOD_NODE, "ethernet_gbps": 5e-324}]}, "nodes[0].ethernet_gbps", 5e-324),  # was 1/0
+        (
+            {"nodes": [{**GOOD_NODE, "gpu": {"name": "g", "tflops": 1e-4, "memory_gib": 80}}]},
+            "nodes[0].gpu.tflops",
+            1e-4,
+        ),
         (
             {"nodes": [{**GOOD_NODE, "nics": [{"type": "roce", "gbps": 100, "count": 65}]}]},
             "nodes[0].nics[0].count",
