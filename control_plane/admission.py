@@ -10,7 +10,7 @@ import math
 import secrets
 import time
 
-from drover.planner import make_plan
+from drover.planner import PlanError, make_plan
 from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, plan_to_proto
 from drover.storage import queries
@@ -37,33 +37,34 @@ class Admission:
             return await self._create(job_id, spec, model_yaml, out, nodes, reason)
 
     async def _create(self, job_id, spec: JobSpec, model_yaml: str, out: str, nodes, reason: str) -> Job:
+        def row(state: str, detail: str) -> Job:
+            return Job(
+                id=job_id,
+                state=state,
+                model_yaml=model_yaml,
+                model_name=spec.model.name,
+                steps=spec.steps,
+                seed=spec.seed,
+                out_dir=out,
+                created=time.time(),
+                detail=detail,
+            )
+
+        if nodes is not None:  # planned before anything is stored: a job no plan fits leaves no trace
+            cluster, plan = await self._plan(spec, nodes)
+            return await self._start(job_id, spec, out, nodes, cluster, plan, new_row=row("running", ""))
 
         def create(session):
-            session.add(
-                Job(
-                    id=job_id,
-                    state="pending",
-                    model_yaml=model_yaml,
-                    model_name=spec.model.name,
-                    steps=spec.steps,
-                    seed=spec.seed,
-                    out_dir=out,
-                    created=time.time(),
-                    detail=reason if nodes is None else "",
-                )
-            )
+            session.add(row("pending", reason))
             session.flush()
-            if nodes is None:
-                queries.add_event(session, job_id, 0, "job_pending", {"reason": reason})
+            queries.add_event(session, job_id, 0, "job_pending", {"reason": reason})
             return queries.get_job(session, job_id)
 
-        row = await self.store.write(create)
-        if nodes is None:
-            self.pending.append(job_id)
-            self.new_events.set()
-            log_event(job_id, "job_pending", 0, {"reason": reason})
-            return row
-        return await self._start(job_id, spec, out, nodes)
+        stored = await self.store.write(create)
+        self.pending.append(job_id)
+        self.new_events.set()
+        log_event(job_id, "job_pending", 0, {"reason": reason})
+        return stored
 
     async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:
         """The nodes and devices a job gets now, as (name, devices, nics); or None and why not.
@@ -132,11 +133,26 @@ class Admission:
                     await self.store.write(lambda s, j=job_id, r=reason: setattr(queries.get_job(s, j), "detail", r))
                 continue
             self.pending.remove(job_id)
-            await self._start(job_id, spec, row.out_dir, nodes)
+            try:
+                cluster, plan = await self._plan(spec, nodes)
+            except Exception as exc:  # this job alone fails: the jobs queued behind it still start
+                if not isinstance(exc, PlanError):
+                    log.exception("planning pending job %s failed", job_id)
+                cause = exc.detail if isinstance(exc, PlanError) else f"{type(exc).__name__} (a bug: see the log)"
+                await self._fail_stored(job_id, f"planning on the free devices failed: {cause}"[:4096])
+                continue
+            await self._start(job_id, spec, row.out_dir, nodes, cluster, plan)
 
-    async def _start(self, job_id: str, spec: JobSpec, out: str, nodes: list) -> Job:
+    async def _plan(self, spec: JobSpec, nodes: list):
+        """(cluster, plan) of a job on these nodes' devices."""
         cluster = planning.cluster_of(nodes)
-        plan = await self._off_loop(make_plan, cluster, spec.model, "drover", self.planning_budget_s)
+        return cluster, await self._off_loop(make_plan, cluster, spec.model, "drover", self.planning_budget_s)
+
+    async def _start(
+        self, job_id, spec: JobSpec, out: str, nodes: list, cluster, plan, new_row: Job | None = None
+    ) -> Job:
+        """Store the job as running with its first plan (as a new row, for a job not queued) and
+        send every node its start."""
         devices = [d.id for d in cluster.devices]
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
@@ -144,6 +160,10 @@ class Admission:
         port = free_port() if is_loopback_host(master_addr) else 29500 + int(job_id.split("-")[1]) % 2000
 
         def place(session):
+            if new_row is not None:
+                session.add(new_row)
+                session.flush()
+                session.expire(new_row)  # read back whole below, as a stored row is
             row = queries.get_job(session, job_id)
             row.state, row.detail, row.ranks_json = "running", "", json.dumps(ranks)
             row.master_addr, row.master_port = master_addr, port
@@ -188,19 +208,6 @@ class Admission:
         return job_row
 
     async def cancel(self, job_id: str) -> Job:
-        if job_id in self.pending:
-            self.pending.remove(job_id)
-
-            def cancelled(session):
-                row = queries.get_job(session, job_id)
-                row.state, row.detail = "cancelled", "cancelled by request while pending"
-                queries.add_event(session, job_id, 0, "job_cancelled", {})
-                return row
-
-            row = await self.store.write(cancelled)
-            self.new_events.set()
-            log_event(job_id, "job_cancelled", 0, {})
-            return row
         job = self.jobs.get(job_id)
         if job is not None:
             self._cancel_workers(job)
@@ -208,7 +215,21 @@ class Admission:
             if row is not None:
                 return row
         row = await self.store.query(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
-        raise FailedPrecondition(f"job {job_id} is {row.state}; only a running job can be cancelled")
+        if row.state != "pending":
+            raise FailedPrecondition(f"job {job_id} is {row.state}; only a running or pending job can be cancelled")
+        if job_id in self.pending:
+            self.pending.remove(job_id)
+
+        def cancelled(session):
+            row = queries.get_job(session, job_id)
+            row.state, row.detail = "cancelled", "cancelled by request while pending"
+            queries.add_event(session, job_id, 0, "job_cancelled", {})
+            return row
+
+        row = await self.store.write(cancelled)
+        self.new_events.set()
+        log_event(job_id, "job_cancelled", 0, {})
+        return row
 
     async def replan(self, job_id: str, reason: str) -> int:
         """Plan for what is measured now, whatever the detector thinks; the job's reconcile

@@ -108,16 +108,21 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         try:
             return job_from_stored(row.model_yaml, f"job {row.id}")
         except SpecError as exc:
-            detail = f"this control plane cannot read the stored job: {exc}"[:4096]
-
-            def fail(session):
-                stored = queries.get_job(session, row.id)
-                stored.state, stored.detail = "failed", detail
-                queries.add_event(session, row.id, row.step, "job_failed", {"reason": detail})
-
-            await self.store.write(fail)
-            log.error("job %s failed: %s", row.id, detail)
+            await self._fail_stored(row.id, f"this control plane cannot read the stored job: {exc}"[:4096])
             return None
+
+    async def _fail_stored(self, job_id: str, detail: str) -> None:
+        """Fail a job that is not running (queued, or unreadable after a restart): its state,
+        detail and last event."""
+
+        def fail(session):
+            stored = queries.get_job(session, job_id)
+            stored.state, stored.detail = "failed", detail
+            queries.add_event(session, job_id, stored.step, "job_failed", {"reason": detail})
+
+        await self.store.write(fail)
+        self.new_events.set()
+        log.error("job %s failed: %s", job_id, detail)
 
     def _track(self, job: RunningJob) -> None:
         self.jobs[job.id] = job

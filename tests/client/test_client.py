@@ -55,7 +55,7 @@ def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drove
         drover_agent("node-0")
         job = drover.submit(job_spec(TINY_JOB))
         assert drover.wait(job.id, timeout_s=10) == "completed"
-        with pytest.raises(FailedPrecondition, match="only a running job can be cancelled"):
+        with pytest.raises(FailedPrecondition, match="only a running or pending job can be cancelled"):
             drover.cancel(job.id)
 
 

@@ -104,3 +104,31 @@ async def test_a_stored_job_this_version_cannot_read_fails_alone_and_the_queue_m
     failed = await state_of(plane, unreadable.id)
     assert failed.state == state_pb2.JOB_STATE_FAILED and "cannot read the stored job" in failed.detail
     assert [e.kind for e in await plane.events(unreadable.id)][-1] == "job_failed"
+
+
+HUGE_JOB = TINY_JOB.replace("hidden: 64", "hidden: 8192").replace("ffn_hidden: 256", "ffn_hidden: 32768")
+
+
+async def test_a_job_no_plan_fits_is_refused_whole_and_leaves_no_row(plane):
+    plane.agent("node-0")
+    await plane.connected(1)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await plane.submit(HUGE_JOB)  # 3 billion parameters on two 8 GiB devices
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no-feasible-plan" in info.value.details()
+    assert (await plane.jobs.ListJobs(jobs_pb2.ListJobsRequest())).jobs == []
+
+
+async def test_a_queued_job_no_plan_fits_fails_alone_and_the_queue_moves_on(plane):
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    running = await plane.submit()
+    await agent.receive()
+    huge, tiny = await plane.submit(HUGE_JOB), await plane.submit()
+    assert (await state_of(plane, huge.id)).state == state_pb2.JOB_STATE_PENDING
+    await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=running.id))  # frees the devices
+    while (message := await agent.receive()).WhichOneof("body") != "start_job":
+        pass
+    assert message.start_job.job_id == tiny.id
+    failed = await state_of(plane, huge.id)
+    assert failed.state == state_pb2.JOB_STATE_FAILED and "no plan" in failed.detail
+    assert [e.kind for e in await plane.events(huge.id)][-1] == "job_failed"
