@@ -24,11 +24,16 @@ class Intake:
         """Record what the agent observed and wake the job's reconcile task; decide nothing here."""
         check_telemetry(message)
         self.metrics.telemetry_lag.observe(lag_of(message.time, time.time()))
+        # Stored with the agent's clock, but never ahead of ours: retention trims by it, and a
+        # sample from the far future would never be trimmed.
+        at = min(message.time, time.time())
         job = self._job_placed_on(node, message.job_id)
+        own = self.node_devices.get(node, set())
         for i, s in enumerate(message.devices):  # checked before anything is kept
-            if not s.device.startswith(node + "/"):
+            if s.device not in own:
                 raise PermissionDenied(
-                    f"telemetry.devices[{i}].device = {s.device[:80]!r}: node {node} reports for its own devices only"
+                    f"telemetry.devices[{i}].device = {s.device[:80]!r}: node {node} reports for its own devices "
+                    "only, those of its hello"
                 )
             if job is not None and s.device not in job.ranks:
                 raise PermissionDenied(f"telemetry.devices[{i}].device = {s.device[:80]!r}: not a device of {job.id}")
@@ -38,6 +43,12 @@ class Intake:
                 )
         if job is not None:
             check_version(job, message.active_plan_version, "telemetry.active_plan_version")
+            for i, m in enumerate(message.migrations):
+                check_version(job, m.plan_version, f"telemetry.migrations[{i}].plan_version")
+                if m.step >= job.spec.steps:
+                    raise InvalidArgument(
+                        f"telemetry.migrations[{i}].step = {m.step}: job {job.id} has {job.spec.steps} steps"
+                    )
         for i, device in enumerate(message.lost_devices):
             if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
                 raise PermissionDenied(f"telemetry.lost_devices[{i}] = {device[:80]!r}: not a device of {node} here")
@@ -71,8 +82,8 @@ class Intake:
                 raise InvalidArgument(
                     f"telemetry.progress.step = {message.progress.step}: job {job.id} has {job.spec.steps} steps"
                 )
-            job.progress = progress_dict(message.progress)
             if node == job.rank0_node():  # only rank 0's agent reports progress; anything else is kept out
+                job.progress = progress_dict(message.progress)
                 steps = [p for p in (message.steps or [message.progress]) if job.history_step < p.step < job.spec.steps]
                 self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message) for p in steps])
                 job.history_step = max([job.history_step] + [p.step for p in steps])
@@ -92,7 +103,7 @@ class Intake:
                 {
                     "job_id": message.job_id,
                     "device": s.device,
-                    "time": message.time,
+                    "time": at,
                     "step": s.step,
                     "compute_s_per_block": s.compute_s_per_block,
                     "p2p_wait_s": s.p2p_wait_s,
@@ -111,7 +122,7 @@ class Intake:
                 {
                     "node": node,
                     "nic": n.nic,
-                    "time": message.time,
+                    "time": at,
                     "tx_bytes_per_s": n.tx_bytes_per_s,
                     "rx_bytes_per_s": n.rx_bytes_per_s,
                 }
@@ -123,6 +134,9 @@ class Intake:
         if message.links:
             await self._record_links(job, node, message.links)
         for m in message.migrations:
+            if (node, m.plan_version, m.recovered_from) in job.migrations_reported:
+                continue  # a report repeated is not another migration
+            job.migrations_reported.add((node, m.plan_version, m.recovered_from))
             job.switched_at[m.plan_version] = m.step
             if m.recovered_from:
                 await self._event(
@@ -158,7 +172,7 @@ class Intake:
         return {
             "job_id": job.id,
             "step": progress.step,
-            "time": message.time,
+            "time": min(message.time, time.time()),
             "loss": progress.loss if math.isfinite(progress.loss) else None,
             "lr": progress.lr,
             "samples_per_s": progress.samples_per_s,

@@ -31,6 +31,7 @@ class Membership:
             replaced.put_nowait(REPLACED)  # one stream a node: the older one ends
             self.logs.node_gone(hello.node)  # log requests sent down the older stream end with it
         self.hosts[hello.node] = hello.advertise_address or host
+        self.node_devices[hello.node] = {d["id"] for d in devices}
         self.outboxes[hello.node] = queue
         self._heard_from[hello.node] = time.monotonic()
         if hello.node in self._lost:
@@ -41,6 +42,10 @@ class Membership:
             )
             self._offer(hello.node)
             running_here = {j.job_id: j for j in hello.jobs if job_state_name(j.state) == "running"}
+            for ended in sorted(set(running_here) - set(self.jobs)):  # ended (cancelled, failed) while it was away
+                queue.put_nowait(
+                    agent_pb2.ControlMessage(command=agent_pb2.Command(cancel=agent_pb2.CancelJob(job_id=ended)))
+                )
             for ended in (j for j in hello.jobs if job_state_name(j.state) in ("completed", "failed")):
                 await self.status(hello.node, ended)  # it may have ended while we were away
             for job in list(self.jobs.values()):

@@ -111,8 +111,13 @@ def families(cp) -> list:
     buffered = GaugeMetricFamily(
         "drover_store_pending_samples", "Telemetry samples waiting to be written.", value=cp.store.pending
     )
+    dropped = CounterMetricFamily(
+        "drover_store_dropped_samples",
+        "Telemetry samples dropped because too many were waiting to be written.",
+        value=cp.store.dropped_samples,
+    )
     out = [rate, compute, p2p, sync, step, step_time, samples, loss, lr, version, committed, pending]
-    return [*out, migrations, moved, agents, waiting, running, buffered]
+    return [*out, migrations, moved, agents, waiting, running, buffered, dropped]
 
 
 def lag_of(sent_at: float, now: float) -> float:

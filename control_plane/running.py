@@ -58,6 +58,7 @@ class RunningJob:
     node_versions: dict[str, int] = field(default_factory=dict)
     node_states: dict[str, str] = field(default_factory=dict)
     announced: set = field(default_factory=set)  # (device, rate) and (device, "link") already announced
+    migrations_reported: set = field(default_factory=set)  # (node, plan version, recovered from)
     switched_at: dict[int, int] = field(default_factory=dict)  # plan version -> first step run under it
     heard: dict[str, float] = field(default_factory=dict)  # device -> when it last reported (monotonic)
     progress: dict | None = None  # rank 0's newest step: loss, lr, tokens/s, validation loss

@@ -36,6 +36,10 @@ T = TypeVar("T")
 
 TELEMETRY_RETENTION_S = 3_600.0  # raw samples older than this are dropped
 TRIM_EVERY_S = 10.0  # how often the retention rule runs (one indexed DELETE per table)
+# Raw samples waiting for a flush, at most: about 50 MB, and six seconds of the largest job's
+# devices (16,384) reporting every second. Past it, new ones are dropped and counted: one agent
+# flooding telemetry must not grow the server's memory without bound.
+MAX_PENDING_SAMPLES = 100_000
 
 
 def make_engine(url: str) -> Engine:
@@ -179,6 +183,7 @@ class Store:
         self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="drover-db-reader")
         self._pending: list = []
         self._pending_lock = threading.Lock()
+        self.dropped_samples = 0  # past MAX_PENDING_SAMPLES
         self.retention_s = retention_s
         self._last_trim = 0.0
 
@@ -198,8 +203,13 @@ class Store:
 
     def buffer_samples(self, model, rows: list[dict]) -> None:
         """Queue rows (column -> value) of TelemetrySample, NicSample or HistoryPoint for the next
-        flush (only the first two are trimmed by age)."""
+        flush (only the first two are trimmed by age, and dropped past MAX_PENDING_SAMPLES: a
+        job's history, one point a step, is kept whole)."""
         with self._pending_lock:
+            if model is not HistoryPoint:
+                room = max(0, MAX_PENDING_SAMPLES - len(self._pending))
+                self.dropped_samples += max(0, len(rows) - room)
+                rows = rows[:room]
             self._pending.extend((model, row) for row in rows)
 
     @property

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 
 from drover.storage import queries
 from drover.storage.db import Store, StoreError, StoreInUse, migrate, sqlite_url
-from drover.storage.models import Base, Job, TelemetrySample
+from drover.storage.models import Base, HistoryPoint, Job, TelemetrySample
 
 
 def new_job(session, job_id="j1"):
@@ -86,6 +86,15 @@ def test_telemetry_batched_and_bounded_by_age(store):
     asyncio.run(run())
     kept = store.read(lambda s: queries.telemetry(s, "j1", "n/0"))
     assert [t.step for t in kept] == [11, 10, 9, 8, 7, 6]
+
+
+def test_samples_waiting_past_the_cap_are_dropped_and_counted_but_history_is_kept(store, monkeypatch):
+    monkeypatch.setattr("drover.storage.db.MAX_PENDING_SAMPLES", 5)
+    sample = dict(job_id="j1", device="n/0", time=time.time(), step=1, compute_s_per_block=0.1)
+    store.buffer_samples(TelemetrySample, [sample] * 4)
+    store.buffer_samples(TelemetrySample, [sample] * 3)  # one agent flooding
+    store.buffer_samples(HistoryPoint, [dict(job_id="j1", step=1, time=time.time(), loss=1.0)])
+    assert (store.pending, store.dropped_samples) == (6, 2)
 
 
 def test_flush_is_one_transaction_and_keeps_samples_it_could_not_write(store):
