@@ -73,6 +73,11 @@ ROLE_OF = {
     "Straggle": "admin",
 }
 MAX_AGENT_STREAMS = 4096  # nodes a control plane serves at once
+# A stream says hello within this, and one node's certificate has at most MAX_OPENING streams
+# waiting to: streams that never said hello held their slots for good, and one leaked node key
+# could take every slot.
+HELLO_WITHIN_S = 10.0
+MAX_OPENING = 4
 SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
     ("grpc.max_receive_message_length", 1 << 20),  # a 1,024-device hello is ~50 KiB; a job 64 KiB
@@ -177,6 +182,7 @@ def map_errors(cls):
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, cp: ControlPlane, auth: Authenticator, max_streams: int = MAX_AGENT_STREAMS):
         self.cp, self.auth, self.max_streams = cp, auth, max_streams
+        self.opening: dict[str, int] = {}  # caller -> its streams not yet past the hello
         self.streams = 0
 
     def _authorise(self, name: str, context) -> None:
@@ -194,7 +200,21 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def _connect(self, requests, context):
         certified = self.auth.agent(context)
-        first = await anext(aiter(requests), None)
+        # Without TLS nobody is known (many agents share a host), so only the deadline applies.
+        caller = certified or ""
+        if certified and self.opening.get(caller, 0) >= MAX_OPENING:
+            raise ResourceExhausted(f"node {caller} has {MAX_OPENING} streams waiting to say hello, the most allowed")
+        self.opening[caller] = self.opening.get(caller, 0) + 1
+        try:
+            first = await asyncio.wait_for(anext(aiter(requests), None), HELLO_WITHIN_S)
+        except TimeoutError:
+            raise InvalidArgument(
+                f"no hello within {HELLO_WITHIN_S:g} s: a stream's first message is a hello"
+            ) from None
+        finally:
+            self.opening[caller] -= 1
+            if not self.opening[caller]:
+                del self.opening[caller]
         _check(first)
         if first is None or not first.HasField("hello"):
             raise InvalidArgument("the first message of a stream must be a hello")

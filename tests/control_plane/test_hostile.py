@@ -12,6 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from drover.control_plane import api
+from drover.control_plane.identity import Authenticator
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import cpu_device, eventually
@@ -299,3 +301,23 @@ async def test_samples_from_the_future_are_stored_at_the_servers_now(plane):
     await eventually(lambda: plane.cp.store.pending >= 1)
     stored = plane.cp.store._pending[-1][1]
     assert stored["time"] <= time.time()
+
+
+async def test_streams_that_never_say_hello_are_ended_and_cannot_take_every_slot(plane_factory, monkeypatch):
+    monkeypatch.setattr(api, "HELLO_WITHIN_S", 0.5)
+    monkeypatch.setattr(Authenticator, "agent", lambda self, context: "node-0")  # as node-0's certificate says
+    plane = await plane_factory(max_agent_streams=8)
+
+    async def nothing():
+        await asyncio.sleep(3600)
+        yield agent_pb2.AgentMessage()
+
+    silent = [plane.agents.Connect(nothing()) for _ in range(api.MAX_OPENING + 1)]
+    got = [await code_of(asyncio.wait_for(call.read(), 5)) for call in silent]
+    # One node's certificate waits on MAX_OPENING streams at once; the next is refused.
+    codes = [code for code, _ in got]
+    assert codes.count(grpc.StatusCode.INVALID_ARGUMENT) == api.MAX_OPENING
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1
+    assert all("no hello within 0.5 s" in d for c, d in got if c == grpc.StatusCode.INVALID_ARGUMENT)
+    plane.agent("node-0")
+    await plane.connected(1)  # the slots were given back
