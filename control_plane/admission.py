@@ -9,8 +9,10 @@ import json
 import math
 import secrets
 import time
+from pathlib import PurePosixPath
 
-from drover.planner import PlanError, make_plan
+from drover.planner import PlanError, SpecError, make_plan
+from drover.planner.errors import quote
 from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, plan_to_proto
 from drover.storage import queries
@@ -19,7 +21,7 @@ from drover.v1 import agent_pb2
 
 from . import planning
 from .detector import Detector
-from .jobfile import JobSpec
+from .jobfile import JobSpec, job_from_stored
 from .running import MAX_JOB_DEVICES, RunningJob, log, log_event, whole_nodes_within
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, check_out_dir
 
@@ -33,6 +35,7 @@ class Admission:
         async with self._placing:  # one placement at a time: two jobs never get the same device
             if not any(self.outboxes):
                 raise FailedPrecondition("no connected, undrained node with devices: start agents first")
+            await self._check_folders_free(spec, out)
             nodes, reason = await self._placement(spec)
             return await self._create(job_id, spec, model_yaml, out, nodes, reason)
 
@@ -65,6 +68,26 @@ class Admission:
         self.new_events.set()
         log_event(job_id, "job_pending", 0, {"reason": reason})
         return stored
+
+    async def _check_folders_free(self, spec: JobSpec, out: str) -> None:
+        """No folder the job writes (its out dir, its checkpoints) is, holds or lies in one a
+        running or pending job writes: the two would overwrite each other's files and prune
+        each other's checkpoints."""
+        active = [(job.id, "running", job.spec, job.out_dir) for job in self.jobs.values()]
+        rows = await self.store.query(lambda s: [r for r in queries.jobs(s) if r.state == "pending"])
+        for row in rows:
+            try:
+                active.append((row.id, "pending", job_from_stored(row.model_yaml, row.id), row.out_dir))
+            except SpecError:
+                continue  # failed when its turn comes (_stored_spec)
+        for field, mine in _written(spec, out):
+            for job_id, state, other_spec, other_out in active:
+                for _, theirs in _written(other_spec, other_out):
+                    if mine == theirs or mine in theirs.parents or theirs in mine.parents:
+                        raise FailedPrecondition(
+                            f"{field} = {quote(str(mine))}: job {job_id} ({state}) writes to {quote(str(theirs))}; "
+                            "two jobs in one folder overwrite each other's files"
+                        )
 
     async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:
         """The nodes and devices a job gets now, as (name, devices, nics); or None and why not.
@@ -278,3 +301,11 @@ class Admission:
         if job is not None and node not in job.nodes:
             raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
         return job
+
+
+def _written(spec: JobSpec, out: str) -> list[tuple[str, PurePosixPath]]:
+    """The folders a job writes, each with the field that names it, inside an agent's data root."""
+    folders = [("out_dir", PurePosixPath(out))]
+    if spec.training.checkpoint is not None:
+        folders.append(("checkpoint.dir", PurePosixPath(spec.training.checkpoint.dir)))
+    return folders

@@ -100,16 +100,17 @@ def _check_value(field, value, where: str) -> None:
     elif field.type != FieldDescriptor.TYPE_BOOL:
         limit = MAX_INTEGER_OF.get(field.name, MAX_NUMBER)
         if not 0 <= value <= limit:
-            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {limit:g}")
+            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {int(limit)}")
 
 
 def check_out_dir(out_dir: str) -> str:
     """A job's output folder as every agent will find it: relative to the agent's data root,
     without '..'; the control plane itself never touches it. Empty: jobs/JOB_ID."""
     path = PurePosixPath(out_dir)
-    if len(out_dir) > 255 or path.is_absolute() or ".." in path.parts or "\\" in out_dir or "\0" in out_dir:
+    unprintable = any(not ch.isprintable() for ch in out_dir)  # a newline, a NUL, an escape
+    if len(out_dir) > 255 or path.is_absolute() or ".." in path.parts or "\\" in out_dir or unprintable:
         raise InvalidArgument(
-            f"out_dir = {quote(out_dir)}: a relative path of at most 255 characters without '..', "
+            f"out_dir = {quote(out_dir)}: a relative path of at most 255 printable characters without '..', "
             f"inside each agent's --data-root"
         )
     return str(path) if out_dir else ""

@@ -17,6 +17,9 @@ import yaml
 from .errors import SpecError
 
 _MISSING = object()
+# Any integer of a spec file at most (a field may allow less, or more: a seed): 2^40 steps is
+# past any run, and the wire carries int64, so a larger value stored would not read back.
+MAX_INTEGER = 1 << 40
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -76,11 +79,11 @@ class Fields:
             raise self.error(key, value, "a non-empty string")
         return value
 
-    def integer(self, key: str, default=_MISSING, minimum: int = 1, maximum: int | None = None) -> int:
+    def integer(self, key: str, default=_MISSING, minimum: int = 1, maximum: int = MAX_INTEGER) -> int:
         value = self.get(key, default)
-        ok = not isinstance(value, bool) and isinstance(value, int) and value >= minimum
-        if not ok or (maximum is not None and value > maximum):
-            raise self.error(key, value, f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum else ""))
+        ok = not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= maximum
+        if not ok:
+            raise self.error(key, value, f"an integer >= {minimum} and <= {maximum}")
         return value
 
     def number(

@@ -122,7 +122,7 @@ class Plane:
         await eventually(enough, what=f"{count} agents connected")
 
     async def submit(self, job_yaml: str = TINY_JOB) -> jobs_pb2.Job:
-        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(job_yaml), out_dir="out"))
+        return await self.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(job_yaml)))  # out: jobs/JOB_ID
 
     async def events(self, job_id: str) -> list[jobs_pb2.Event]:
         """The job's events so far, each checked to come typed: its kind's enum and payload."""

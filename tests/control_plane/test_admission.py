@@ -13,7 +13,7 @@ import pytest
 from drover.storage import queries
 from drover.v1 import jobs_pb2, state_pb2
 
-from support import TINY_JOB, eventually
+from support import TINY_JOB, eventually, job_spec
 
 
 def asking(resources: str) -> str:
@@ -132,3 +132,30 @@ async def test_a_queued_job_no_plan_fits_fails_alone_and_the_queue_moves_on(plan
     failed = await state_of(plane, huge.id)
     assert failed.state == state_pb2.JOB_STATE_FAILED and "no plan" in failed.detail
     assert [e.kind for e in await plane.events(huge.id)][-1] == "job_failed"
+
+
+@pytest.mark.parametrize(
+    "first, second, field",
+    [
+        ({"out_dir": "runs/a"}, {"out_dir": "runs/a"}, "out_dir"),
+        ({"out_dir": "runs"}, {"out_dir": "runs/a"}, "out_dir"),  # inside the other's folder
+        ({"out_dir": "x", "checkpoint": "ckpt"}, {"out_dir": "y", "checkpoint": "ckpt"}, "checkpoint.dir"),
+        ({"out_dir": "."}, {"out_dir": "runs/b"}, "out_dir"),  # the data root holds every folder
+    ],
+)
+async def test_two_jobs_never_write_to_one_folder(plane, first, second, field):
+    # They overwrote each other's files, and each pruned the other's checkpoints.
+    plane.agent("node-0")
+    await plane.connected(1)
+
+    async def submit(job):
+        text = TINY_JOB + (f"checkpoint: {{dir: {job['checkpoint']}}}\n" if "checkpoint" in job else "")
+        return await plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(text), out_dir=job["out_dir"]))
+
+    running = await submit(first)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await submit(second)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith(f"{field} = ") and running.id in info.value.details()
+    await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=running.id))
+    assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED  # free once the other ended

@@ -105,7 +105,7 @@ def test_errors_quote_only_a_prefix_of_a_huge_value():
     assert len(str(info.value)) < 400 and "50004 characters" in str(info.value)
 
 
-@pytest.mark.parametrize("out_dir", ["/etc", "../up", "a/../../b", "x" * 300, "a\\..\\b", "a\0b"])
+@pytest.mark.parametrize("out_dir", ["/etc", "../up", "a/../../b", "x" * 300, "a\\..\\b", "a\0b", "a\nb"])
 def test_out_dir_from_the_network_stays_relative(out_dir):
     with pytest.raises(InvalidArgument, match="out_dir"):
         check_out_dir(out_dir)
@@ -148,6 +148,9 @@ def test_a_job_file_carries_the_optimizer_and_schedule_to_the_workers():
         ({"optimizer": {"betas": [0.9, 2]}}, "optimizer.betas"),
         ({"schedule": {"decay": "step"}}, "schedule.decay"),
         ({"schedule": {"warmup_steps": "3"}}, "schedule.warmup_steps"),
+        # Past int64 it was stored, and GetJob then left out the job's spec.
+        ({"checkpoint": {"dir": "c", "every_steps": 10**23}}, "checkpoint.every_steps"),
+        ({"schedule": {"warmup_steps": 2**41}}, "schedule.warmup_steps"),
     ],
 )
 def test_a_bad_optimizer_or_schedule_is_refused_naming_the_field(extra, field):

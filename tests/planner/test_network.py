@@ -72,7 +72,7 @@ def test_a_bad_network_file_gets_one_clear_error(data, says):
     [
         (["nodes", 0, "nics"], [{"type": "omnipath", "gbps": 1}], "'nodes[0].nics[0].type' = 'omnipath'"),
         (["nodes", 1, "nics"], [{"type": "infiniband", "gbps": 0}], "'nodes[1].nics[0].gbps' = 0"),
-        (["defaults", "ethernet_gbps"], 0, "'nodes[0].ethernet_gbps' = 0: a finite number > 0.0"),
+        (["defaults", "ethernet_gbps"], 0, "'nodes[0].ethernet_gbps' = 0: a finite number >= 0.001"),
     ],
 )
 def test_a_bad_node_of_a_network_file_is_refused_by_drover_up_before_anything_runs(tmp_path, path, value, says):
