@@ -21,7 +21,7 @@ import yaml
 
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec, model_from_dict
-from drover.planner.spec_io import Fields, SpecLoader, load_mapping
+from drover.planner.spec_io import Fields, SpecLoader, load_mapping, one_line_error
 from drover.planner.training import TRAINING_KEYS, Training, training_from_job
 from drover.planner.wire import message_to_fields
 from drover.v1 import jobspec_pb2
@@ -100,7 +100,7 @@ def job_from_wire(text: str, source: str = "job_yaml") -> JobSpec:
     try:
         data = yaml.load(text, Loader=_NoAliasLoader)
     except (yaml.YAMLError, RecursionError, ValueError) as exc:  # nesting too deep, numbers too long
-        raise SpecError(source, "(file)", source, f"plain YAML without aliases ({str(exc)[:200]})") from None
+        raise SpecError(source, "(file)", source, f"plain YAML without aliases ({one_line_error(exc)[:200]})") from None
     return _job(data, source, base_dir=None)
 
 

@@ -34,6 +34,43 @@ SpecLoader.add_implicit_resolver(
 )
 
 
+def _refuse_repeated_keys(loader: SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A key given twice is a mistake, not an override: PyYAML kept the last silently."""
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (str, int, float, bool)) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"found the key {key!r} twice in one mapping", key_node.start_mark
+            )
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+SpecLoader.construct_mapping = _refuse_repeated_keys
+
+
+def _json_refusing_repeated_keys(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise json.JSONDecodeError(f"found the key {key!r} twice in one object", "", 0)
+        out[key] = value
+    return out
+
+
+def one_line_error(exc: Exception) -> str:
+    """A YAML or JSON error as one line: what is wrong, and where (PyYAML's own message spans
+    several lines and names no file)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem or exc.context}{where}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}" if exc.doc else exc.msg
+    return str(exc).replace("\n", " ")
+
+
 def load_mapping(path: str | Path, kind: str) -> dict:
     """Load a YAML or JSON file whose top level must be a mapping."""
     path = Path(path)
@@ -44,11 +81,16 @@ def load_mapping(path: str | Path, kind: str) -> dict:
     except UnicodeDecodeError:
         raise SpecError(str(path), "(file)", str(path), f"a {kind} file in UTF-8 text") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=SpecLoader)
+        if path.suffix == ".json":
+            data = json.loads(text, object_pairs_hook=_json_refusing_repeated_keys)
+        else:
+            data = yaml.load(text, Loader=SpecLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise SpecError(str(path), "(file)", str(path), f"valid YAML or JSON ({exc})") from None
+        raise SpecError(str(path), "(file)", str(path), f"valid YAML or JSON ({one_line_error(exc)})") from None
+    if data is None:
+        raise SpecError(str(path), "(file)", "empty", f"a mapping of the {kind} file's fields")
     if not isinstance(data, dict):
-        raise SpecError(str(path), "(top level)", type(data).__name__, f"a mapping describing a {kind}")
+        raise SpecError(str(path), "(top level)", type(data).__name__, f"a mapping of the {kind} file's fields")
     return data
 
 

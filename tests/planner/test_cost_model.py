@@ -279,11 +279,24 @@ def test_unreadable_and_malformed_files(tmp_path):
         load_cluster(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("nodes: [unclosed")
-    with pytest.raises(SpecError, match="valid YAML"):
+    with pytest.raises(SpecError, match="valid YAML") as info:
         load_cluster(bad)
+    assert "\n" not in str(info.value) and "at line 1, column 17" in str(info.value)  # one line, with where
     bad.write_text("- just a list")
     with pytest.raises(SpecError, match="mapping"):
         load_model(bad)
+    bad.write_text("")
+    with pytest.raises(SpecError, match="'empty': a mapping of the model file's fields"):
+        load_model(bad)
+
+
+@pytest.mark.parametrize("name, text", [("m.yaml", "layers: 4\nlayers: 8\n"), ("m.json", '{"layers": 4, "layers": 8}')])
+def test_a_key_given_twice_is_refused(tmp_path, name, text):
+    # PyYAML and json kept the last one silently.
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SpecError, match="found the key 'layers' twice"):
+        load_model(path)
 
 
 @pytest.mark.parametrize(
