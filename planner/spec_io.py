@@ -38,6 +38,8 @@ def _refuse_repeated_keys(loader: SpecLoader, node: yaml.MappingNode, deep: bool
     """A key given twice is a mistake, not an override: PyYAML kept the last silently."""
     seen = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # a merge (<<: *defaults) is overridden by the keys beside it, as YAML means
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, (str, int, float, bool)) and key in seen:
             raise yaml.constructor.ConstructorError(

@@ -299,6 +299,13 @@ def test_a_key_given_twice_is_refused(tmp_path, name, text):
         load_model(path)
 
 
+def test_a_merged_mapping_is_overridden_by_the_keys_beside_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    node = "{name: a, gpus: 2, gpu: {name: g, tflops: 100, memory_gib: 80}, intra_gbps: 100, ethernet_gbps: 10}"
+    path.write_text(f"name: c\nnodes:\n  - &a {node}\n  - {{<<: *a, name: b, gpus: 4}}\n")
+    assert [(n.name, n.gpus) for n in load_cluster(path).nodes] == [("a", 2), ("b", 4)]
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
