@@ -23,9 +23,11 @@ from .options import environment_for_every_option
 
 
 def _plan() -> click.Command:
-    """`drover plan` plans offline; its subcommands read a running job's plans."""
+    """`drover plan` plans offline, and `plan check` checks a plan; its other subcommands read
+    a running job's plans."""
     from . import offline, remote
 
+    offline.plan.add_command(offline.plan_check)
     offline.plan.add_command(remote.plan_show)
     offline.plan.add_command(remote.plan_history)
     return offline.plan

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from drover.planner.cluster import load_cluster
+from drover.planner.cost import validate, with_prediction
 from drover.planner.plan import load_plan
 from drover.planner.search import STRATEGIES, make_plan
 from drover.planner.simulate import load_events
@@ -47,6 +48,21 @@ def plan(ctx, cluster_file: str, model_file: str, strategy: str, as_json: bool) 
     cluster, model = load_cluster(cluster_file), read_model(model_file)
     result = make_plan(cluster, model, strategy)
     click.echo(result.to_json() if as_json else render_plan(result, cluster, model))
+
+
+@click.command("check")
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_file", required=True, metavar="FILE", help="Cluster file (YAML or JSON).")
+@click.option("--model", "model_file", required=True, metavar="FILE", help="Model file (YAML or JSON).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan JSON with the cost model's predicted figures.")
+def plan_check(plan_file: str, cluster_file: str, model_file: str, as_json: bool) -> None:
+    """Check a plan (the spec's plan JSON, yours or another tool's) against a cluster and a
+    model: the first rule it breaks, or what the cost model predicts for it."""
+    cluster, model = load_cluster(cluster_file), read_model(model_file)
+    plan = load_plan(plan_file)
+    validate(plan, cluster, model)  # PlanError: exit 2, naming the rule
+    checked = with_prediction(plan, cluster, model)
+    click.echo(checked.to_json() if as_json else render_plan(checked, cluster, model))
 
 
 @click.command()

@@ -22,12 +22,17 @@ class SpecError(ValueError):
         super().__init__(f"{source}: field '{field[:QUOTED_CHARS]}' = {quote(value)}: {allowed}")
 
 
+# PlanError's rules that say no plan could be made, rather than that a plan given breaks a rule.
+NO_PLAN_RULES = ("no-feasible-plan", "no-usable-device")
+
+
 class PlanError(ValueError):
-    """A plan breaks one of the validity rules of the cost model (section 3).
+    """A plan breaks one of the validity rules of the cost model (section 3), or none can be
+    made (NO_PLAN_RULES).
 
     `rule` is a short stable name, e.g. ``device-used-twice``.
     """
 
     def __init__(self, rule: str, detail: str):
         self.rule, self.detail = rule, detail
-        super().__init__(f"invalid plan ({rule}): {detail}")
+        super().__init__(f"{'no plan' if rule in NO_PLAN_RULES else 'invalid plan'} ({rule}): {detail}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .cluster import RATES_ALLOWED, Cluster, Node, node_from_dict, parse_rate, valid_rate
 from .cost import BYTES_PER_PARAM, evaluate
-from .errors import PlanError, SpecError
+from .errors import NO_PLAN_RULES, PlanError, SpecError
 from .model import ModelSpec
 from .plan import Plan
 from .search import make_plan
@@ -177,12 +177,9 @@ class StrategyRun:
         self.timeline.append(TimelineEntry(step, f"{event}; no plan fits, the run stops: {err.detail}", None))
 
 
-# What a strategy's planning raises when the cluster, as it now is, holds no plan of that strategy.
-NO_PLAN = ("no-feasible-plan", "no-usable-device")
-
-
 def _no_plan(err: PlanError) -> bool:
-    return err.rule in NO_PLAN
+    """What a strategy's planning raises when the cluster, as it now is, holds no plan of it."""
+    return err.rule in NO_PLAN_RULES
 
 
 class _World:

@@ -40,6 +40,18 @@ def test_baselines_from_the_cli(strategy, capsys):
     assert json.loads(capsys.readouterr().out)["strategy"] == strategy
 
 
+def test_plan_check_gives_a_golden_plans_figures_and_names_the_rule_an_invalid_one_breaks(spec_examples, capsys):
+    golden = spec_examples / "small-hetero"
+    files = ["--cluster", str(golden / "cluster.yaml"), "--model", str(golden / "model.yaml")]
+    main(["plan", "check", str(golden / "plan.json"), *files, "--json"])
+    expected = json.loads((golden / "expected.json").read_text())
+    assert json.loads(capsys.readouterr().out)["predicted"]["step_time_s"] == pytest.approx(expected["step_time_s"])
+    for invalid in sorted((golden / "invalid").glob("*.json")):
+        out = run_cli("plan", "check", str(invalid), *files)
+        assert out.returncode == 2 and f"invalid plan ({invalid.stem})" in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1  # one line
+
+
 def test_table_names_figures(capsys):
     main(["plan", "--cluster", str(CLUSTER), "--model", str(MODEL)])
     out = capsys.readouterr().out
