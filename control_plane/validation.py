@@ -50,6 +50,7 @@ class PermissionDenied(PermissionError):
     """The caller is known but may not do this."""
 
 
+NIC_TYPES = ("infiniband", "roce", "ethernet")
 # Training losses: NaN or +inf when a run diverges, and worth showing as such.
 DIVERGES = {"loss", "val_loss"}
 
@@ -132,25 +133,22 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
         for d in hello.devices
     ]
     for i, d in enumerate(devices):
-        if not d["id"].startswith(hello.node + "/"):
-            raise InvalidArgument(f"hello.devices.id = {d['id']!r}: a device id {hello.node}/INDEX")
+        node, _, index = d["id"].rpartition("/")
+        if node != hello.node or not index.isascii() or not index.isdigit():
+            raise InvalidArgument(f"hello.devices[{i}].id = {d['id'][:80]!r}: a device id {hello.node}/INDEX")
         for key in ("memory_gib", "tflops", "intra_gbps"):
             _check_figure(f"hello.devices[{i}].{key}", d[key])
     nics = [{"name": n.name, "type": n.type, "gbps": n.gbps, "address": n.address} for n in hello.nics]
     for i, n in enumerate(nics):
         _check_figure(f"hello.nics[{i}].gbps", n["gbps"])
+        if not n["name"] or any(not ch.isprintable() or ch.isspace() or ch in "/:" for ch in n["name"]):
+            raise InvalidArgument(f"hello.nics[{i}].name = {n['name'][:80]!r}: an interface name, e.g. eth0")
+        if n["type"] not in NIC_TYPES:
+            raise InvalidArgument(f"hello.nics[{i}].type = {n['type'][:80]!r}: one of {', '.join(NIC_TYPES)}")
         if n["address"]:
-            try:
-                ipaddress.ip_address(n["address"])
-            except ValueError:
-                raise InvalidArgument(f"hello.nics.address = {n['address'][:80]!r}: an IP address, or empty") from None
+            _check_address(f"hello.nics[{i}].address", n["address"])
     if hello.advertise_address:
-        try:
-            ipaddress.ip_address(hello.advertise_address)
-        except ValueError:
-            raise InvalidArgument(
-                f"hello.advertise_address = {hello.advertise_address[:80]!r}: an IP address, or empty"
-            ) from None
+        _check_address("hello.advertise_address", hello.advertise_address)
     if hello.probe_port > 65535:
         raise InvalidArgument(f"hello.probe_port = {hello.probe_port}: a TCP port (1 to 65535), or 0 for none")
     for field_name, names in (("devices.id", [d["id"] for d in devices]), ("nics.name", [n["name"] for n in nics])):
@@ -158,6 +156,17 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
         if repeated:
             raise InvalidArgument(f"hello.{field_name} = {repeated[0]!r} appears more than once: each must be unique")
     return devices, nics
+
+
+def _check_address(where: str, address: str) -> None:
+    """An address another host can reach this one at: one host's, not 0.0.0.0, a broadcast or
+    a multicast group."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is None or ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise InvalidArgument(f"{where} = {address[:80]!r}: one host's IP address, or empty")
 
 
 def _check_figure(where: str, value: float) -> None:

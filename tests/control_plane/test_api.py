@@ -201,13 +201,22 @@ async def test_bad_telemetry_rejected_and_nothing_kept(plane, sample, fragment):
     "hello, fragment",
     [
         (agent_pb2.Hello(node="rack/1", devices=[cpu_device("rack/1/0")]), "hello.node"),
-        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-8/0")]), "hello.devices.id"),
+        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-8/0")]), "hello.devices[0].id"),
+        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/")]), "hello.devices[0].id"),
+        (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/a/../0")]), "hello.devices[0].id"),
         (agent_pb2.Hello(node="node-9", devices=[cpu_device("node-9/0"), cpu_device("node-9/0")]), "more than once"),
         (
             agent_pb2.Hello(
-                node="node-9", devices=[cpu_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="ib")] * 2
+                node="node-9", devices=[cpu_device("node-9/0")], nics=[agent_pb2.Nic(name="ib0", type="infiniband")] * 2
             ),
             "hello.nics.name",
+        ),
+        (agent_pb2.Hello(node="node-9", nics=[agent_pb2.Nic(name="ib0", type="ib")]), "hello.nics[0].type"),
+        (agent_pb2.Hello(node="node-9", nics=[agent_pb2.Nic(name="", type="roce")]), "hello.nics[0].name"),
+        (agent_pb2.Hello(node="node-9", advertise_address="0.0.0.0"), "hello.advertise_address"),
+        (
+            agent_pb2.Hello(node="node-9", nics=[agent_pb2.Nic(name="e", type="ethernet", address="255.255.255.255")]),
+            "hello.nics[0].address",
         ),
     ],
 )
@@ -427,4 +436,4 @@ async def test_an_advertised_address_that_is_no_ip_address_is_refused(plane):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "hello.advertise_address = 'a b': an IP address" in caught.value.details()
+    assert "hello.advertise_address = 'a b': one host's IP address" in caught.value.details()
