@@ -50,14 +50,14 @@ class Intake:
                         f"telemetry.migrations[{i}].step = {m.step}: job {job.id} has {job.spec.steps} steps"
                     )
         for i, device in enumerate(message.lost_devices):
-            if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
+            if device not in own or (job is not None and device not in job.ranks):
                 raise PermissionDenied(f"telemetry.lost_devices[{i}] = {device[:80]!r}: not a device of {node} here")
         if job is not None and message.lost_devices:
             await self._event(job, "device_lost", {"node": node, "devices": list(message.lost_devices)})
             await self._recover_job(job, set(), set(message.lost_devices))
             return
         for i, device in enumerate(message.stalled_devices):
-            if not device.startswith(node + "/") or (job is not None and device not in job.ranks):
+            if device not in own or (job is not None and device not in job.ranks):
                 raise PermissionDenied(f"telemetry.stalled_devices[{i}] = {device[:80]!r}: not a device of {node} here")
         if job is not None and message.stalled_devices:
             # Its workers lost a peer: a node of the job whose stream is gone is lost now, not
