@@ -116,7 +116,8 @@ def job_from_stored(text: str, source: str) -> JobSpec:
 
 def job_from_spec(message: jobspec_pb2.JobSpec, source: str = "spec") -> JobSpec:
     """A job sent as a JobSpec: checked as a job file with the same fields would be."""
-    return _job(message_to_fields(message), source, base_dir=None)
+    # proto3 does not carry a zero: steps 0 would read as missing ("= None") rather than as 0.
+    return _job({"steps": message.steps} | message_to_fields(message), source, base_dir=None)
 
 
 # A model's fields, completed where the files are read (the CLI counts a custom model's

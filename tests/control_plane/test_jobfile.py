@@ -157,3 +157,11 @@ def test_a_bad_optimizer_or_schedule_is_refused_naming_the_field(extra, field):
     with pytest.raises(SpecError) as info:
         job_from_wire(json.dumps({"model": MODEL, "steps": 8, **extra}))
     assert info.value.field == field and info.value.source == "job_yaml"
+
+
+def test_steps_zero_in_a_job_spec_message_is_named_as_zero():
+    spec = job_spec({"model": MODEL, "steps": 1})
+    spec.steps = 0  # which proto3 leaves out of the message
+    with pytest.raises(SpecError) as info:
+        job_from_spec(spec)
+    assert info.value.field == "steps" and info.value.value == 0
