@@ -187,6 +187,15 @@ def up(
     for name, _ in joins:
         if name in names and name not in {n for n, _ in kills}:
             raise click.BadParameter(f"{name} runs already; join a new node or one --kill took", param_hint="--join")
+    devices = (
+        {d.id for d in emulated.devices}
+        if cluster_file
+        else {f"{n}/{j}" for n in names for j in range(devices_per_node)}
+    )
+    for device, _, _ in straggles:
+        if device not in devices:  # found here, not once the cluster runs and the job is submitted
+            shown = ", ".join(sorted(devices)[:8]) + (", ..." if len(devices) > 8 else "")
+            raise click.BadParameter(f"{device}: not a device of the cluster ({shown})", param_hint="--straggle")
     if slow_links and not networks:
         raise click.BadParameter("links are slowed in an emulated network: give --network", param_hint="--slow-link")
     for network_name, node, _, _ in slow_links:
@@ -225,6 +234,9 @@ def up(
             )
         )
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
+        # Ended with the run, however it ends (Ctrl-C, an error): a job left running in OUT's
+        # database would hold OUT against the next run's job.
+        stack.callback(_cancel_unless_ended, cluster.client, submitted.id)
         where = f"{submitted.steps} steps on {shape}; control plane {cluster.address}"
         click.echo(f"{submitted.id}: {submitted.model_name}, {where}")
         if cluster.metrics:
@@ -249,6 +261,14 @@ def up(
         click.echo(f"report: {write_report(cluster.client, job.id, out / 'report.html')}")
     if job_state_name(job.state) != "completed":
         raise click.ClickException(f"job {job.id} {job_state_name(job.state)}: {job.detail}")
+
+
+def _cancel_unless_ended(client, job_id: str) -> None:
+    try:
+        if job_state_name(client.get(job_id).state) in ("running", "pending"):
+            client.cancel(job_id)
+    except Exception as exc:  # the control plane may be gone already: nothing more to do
+        click.echo(f"could not cancel {job_id}: {exc}", err=True)
 
 
 def _faults_at_steps(cluster: LocalCluster, job_id: str, faults: list[tuple]) -> None:

@@ -346,3 +346,22 @@ def test_json_output_has_numbers_not_strings():
     got = to_dict(plan)
     assert got["version"] == 3 and got["plan"]["pipelines"][0]["micro_batches"] == 8
     assert got["plan"]["pipelines"][0]["stages"][0]["layers"] == [0, 4]
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (["--straggle", "node-9/0=3@10"], "node-9/0: not a device of the cluster (node-0/0, node-0/1, node-1/0"),
+        (
+            ["--cluster", str(ROOT / "examples" / "clusters" / "paced-2x2.yaml"), "--straggle", "node-2/0=3@2"],
+            "node-2/0: not a device",
+        ),
+    ],
+)
+def test_up_refuses_a_straggle_device_before_anything_starts(tmp_path, options, fragment, capsys):
+    # Found only once the cluster ran and the job was submitted, which then stayed 'running' in
+    # OUT's database and held OUT against the next run.
+    with pytest.raises(SystemExit) as exit_code:
+        main(["up", "--job", str(ROOT / "examples" / "jobs" / "tiny.yaml"), "--out", str(tmp_path / "o"), *options])
+    assert exit_code.value.code == 2 and fragment in capsys.readouterr().err
+    assert not (tmp_path / "o" / "drover.db").exists()

@@ -287,6 +287,8 @@ def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     while [p for p in tree if running(p)] and time.time() < deadline:
         time.sleep(0.2)
     assert [p for p in tree if running(p)] == []
+    # The job ended with the run: left 'running' in OUT's database, it held OUT against the next run.
+    assert sqlite3.connect(out / "drover.db").execute("select state from jobs").fetchall() == [("cancelled",)]
 
 
 def running(pid: int) -> bool:
