@@ -109,6 +109,12 @@ def main(argv: list[str] | None = None) -> None:
                 err=True,
             )
         sys.exit(2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    except OSError as exc:
+        if exc.filename is None:  # not about a file the user named: a bug, with its traceback
+            raise
+        # A file a command needs and cannot read or write: a node's certificate, tokens.json.
+        click.echo(f"drover: error: {exc.filename}: {exc.strerror}", err=True)
+        sys.exit(2)
     except Exception as exc:
         if not _run_error(exc):
             raise

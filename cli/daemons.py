@@ -386,5 +386,8 @@ def certs_add_node(node: str, folder: str) -> None:
 def certs_add_token(name: str, role: str, folder: str) -> None:
     """A bearer token for a client; an existing token of that name stops working (rotation).
     The server reads tokens.json at start: restart it to apply."""
-    add_token(Path(folder), name, role)
+    try:
+        add_token(Path(folder), name, role)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
     click.echo(f"{folder}/{name}.token ({role})")

@@ -139,6 +139,8 @@ def _follow(client: Client, job_id: str, as_json: bool) -> None:
         try:
             for event in events:
                 arrived.put(event)
+        except Exception as exc:  # raised where main maps it to one line (an unknown job: NOT_FOUND)
+            arrived.put(exc)
         finally:
             arrived.put(None)
 
@@ -151,6 +153,8 @@ def _follow(client: Client, job_id: str, as_json: bool) -> None:
                 event = False
             if event is None:
                 break
+            if isinstance(event, Exception):
+                raise event
             if event:
                 details = {k: v for k, v in event.details.items() if k != "plan"}
                 console.print(

@@ -145,15 +145,17 @@ def add_token(folder: Path, name: str, role: str) -> str:
     any earlier token of that name, which is how a token is rotated)."""
     if role not in ROLES:
         raise ValueError(f"role {role!r}: one of {', '.join(ROLES)}")
+    if not NODE_NAME.fullmatch(name):  # it names a file in the folder: no '/' or '..' out of it
+        raise ValueError(f"token name {name[:80]!r}: 1 to 64 letters, digits, '_', '.' or '-'")
     token = secrets.token_urlsafe(32)
     path = folder / "tokens.json"
     tokens = json.loads(path.read_text()) if path.exists() else {}
     tokens = {digest: entry for digest, entry in tokens.items() if entry["name"] != name}
     tokens[token_digest(token)] = {"name": name, "role": role}
-    path.write_text(json.dumps(tokens, indent=1))
-    token_file = folder / f"{name}.token"
+    token_file = folder / f"{name}.token"  # written first: tokens.json never holds a token nobody has
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
+    path.write_text(json.dumps(tokens, indent=1))
     return token
 
 

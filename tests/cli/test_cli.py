@@ -365,3 +365,17 @@ def test_up_refuses_a_straggle_device_before_anything_starts(tmp_path, options, 
         main(["up", "--job", str(ROOT / "examples" / "jobs" / "tiny.yaml"), "--out", str(tmp_path / "o"), *options])
     assert exit_code.value.code == 2 and fragment in capsys.readouterr().err
     assert not (tmp_path / "o" / "drover.db").exists()
+
+
+def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_path, capsys):
+    certs = tmp_path / "certs"
+    main(["certs", "init", "--dir", str(certs), "--node", "node-0"])
+    before = (certs / "tokens.json").read_text()
+    with pytest.raises(SystemExit) as exit_code:  # it wrote an admin token to ../leak.token
+        main(["certs", "add-token", "../leak", "--role", "admin", "--dir", str(certs)])
+    assert exit_code.value.code == 2 and "token name '../leak'" in capsys.readouterr().err
+    assert not (tmp_path / "leak.token").exists() and (certs / "tokens.json").read_text() == before
+    with pytest.raises(SystemExit) as exit_code:  # was a FileNotFoundError traceback
+        main(["agent", "--node", "node-7", "--tls-dir", str(certs), "--control-plane", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert exit_code.value.code == 2 and err == f"drover: error: {certs}/node-node-7.key: No such file or directory\n"

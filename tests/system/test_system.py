@@ -455,10 +455,11 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     assert run_cli(c, "job", "cancel", queued["id"]).returncode == 0
     assert run_cli(c, "job", "watch", queued["id"]).returncode == 3  # exit 3: cancelled
     assert run_cli(c, "node", "undrain", "node-0").returncode == 0
-    missing = run_cli(c, "job", "status", "job-nope")
-    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
-        "drover: error: NOT_FOUND: unknown job 'job-nope'"
-    ]
+    for command in ("status", "watch"):  # watch printed a thread's traceback first
+        missing = run_cli(c, "job", command, "job-nope")
+        assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+            "drover: error: NOT_FOUND: unknown job 'job-nope'"
+        ]
     bad = run_cli(c, "straggle", "node-0/0", "0.5", token="admin")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "rate" in bad.stderr
     assert c.stop() == [0, 0]  # SIGTERM: the agent and the server exit promptly and cleanly
