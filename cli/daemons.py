@@ -20,7 +20,7 @@ from drover.control_plane.identity import ROLES, add_node, add_token, make_crede
 from drover.metrics import MetricsError, split_address
 from drover.planner.wire import is_loopback
 
-from .options import insecure_option
+from .options import check_address, insecure_option
 
 DAEMON_NICENESS = 10  # the server and agents yield the CPU to training where they share it
 
@@ -142,6 +142,7 @@ def detector_options(command):
     default="127.0.0.1:50051",
     show_default=True,
     envvar="DROVER_LISTEN",
+    callback=check_address,
     help="Address for clients (the job service: TLS and a bearer token).",
 )
 @click.option(
@@ -149,6 +150,7 @@ def detector_options(command):
     default="127.0.0.1:50052",
     show_default=True,
     envvar="DROVER_AGENT_LISTEN",
+    callback=check_address,
     help="Address for agents (the agent stream: mutual TLS, each certificate naming its node).",
 )
 @click.option(
@@ -216,6 +218,7 @@ def server(
     default="127.0.0.1:50052",
     show_default=True,
     envvar="DROVER_AGENT_CONTROL_PLANE",
+    callback=check_address,
     help="host:port of the control plane's agent port.",
 )
 @click.option(

@@ -6,11 +6,23 @@ import functools
 
 import click
 
+from drover.planner.ports import host_port
 from drover.planner.wire import is_loopback
 
 from .client import DEFAULT_ADDRESS, Target
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def check_address(ctx, param, value: str | None) -> str | None:
+    """A HOST:PORT option, refused before anything dials or binds it."""
+    if value:
+        try:
+            host_port(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
 
 address_option = click.option(
     "--control-plane",
@@ -18,6 +30,7 @@ address_option = click.option(
     default=DEFAULT_ADDRESS,
     show_default=True,
     envvar="DROVER_CONTROL_PLANE",
+    callback=check_address,
     help="host:port of the control plane.",
 )
 insecure_option = click.option(

@@ -1,4 +1,5 @@
-"""A free TCP port on this machine, for a server or a rendezvous about to bind it."""
+"""TCP addresses: HOST:PORT parsed, and a free port on this machine for a server or a
+rendezvous about to bind it."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def free_port_range(count: int, attempts: int = 50) -> int:
             for s in sockets:
                 s.close()
     raise RuntimeError(f"no {count} consecutive free ports found in {attempts} attempts")
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """HOST:PORT (or [V6]:PORT) as (host, port); ValueError if it is none (a port past 65535
+    would wrap around where gRPC reads it)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{address[:80]!r}: expected HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:50051")
+    return host.strip("[]"), int(port)

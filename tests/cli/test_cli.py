@@ -379,3 +379,13 @@ def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_pat
         main(["agent", "--node", "node-7", "--tls-dir", str(certs), "--control-plane", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert exit_code.value.code == 2 and err == f"drover: error: {certs}/node-node-7.key: No such file or directory\n"
+
+
+@pytest.mark.parametrize(
+    "args", [["job", "list", "--control-plane", "127.0.0.1:99999"], ["server", "--listen", "127.0.0.1:99999"]]
+)
+def test_a_port_past_65535_is_refused_not_wrapped(args, capsys):
+    # 99999 was dialled and served as 34463.
+    with pytest.raises(SystemExit) as exit_code:
+        main(args)
+    assert exit_code.value.code == 2 and "'127.0.0.1:99999': expected HOST:PORT" in capsys.readouterr().err
