@@ -52,15 +52,19 @@ def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
     )
 
 
-async def off_the_loop(start, *args, **kwargs):
+async def off_the_loop(abandoned: set, start, *args, **kwargs):
     """start(*args, **kwargs) in a thread. A job's input check and its worker starts wait on the
     worker launcher, which on a fresh agent may still be importing torch: heartbeats go on
-    meanwhile. If the agent stops first, what was being started stops once it has started."""
+    meanwhile. If the waiting is cancelled first, what was being started stops once it has
+    started; until then it is in `abandoned`, for an agent that exits to wait on and stop (the
+    loop is gone by the time the thread ends, and its workers were left running)."""
     starting = asyncio.ensure_future(asyncio.to_thread(start, *args, **kwargs))
     try:
         return await asyncio.shield(starting)
     except asyncio.CancelledError:
+        abandoned.add(starting)
         starting.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().stop())
+        starting.add_done_callback(abandoned.discard)
         raise
 
 
@@ -120,6 +124,7 @@ class Agent:
         self.model_modules = tuple(model_modules)  # what custom models' entry points may import
         self.credentials = _credentials(Path(tls_dir), node) if tls_dir is not None else None
         self.jobs: dict[str, JobWorkers] = {}
+        self.abandoned: set[asyncio.Future] = set()  # job starts whose waiting was cancelled (off_the_loop)
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
@@ -160,6 +165,11 @@ class Agent:
             if metrics_http is not None:
                 await asyncio.to_thread(stop_metrics, metrics_http)
             self.stop()
+            for starting in list(self.abandoned):  # workers still starting: stopped once started
+                try:
+                    (await starting).stop()
+                except Exception:
+                    pass  # the start failed: nothing runs
 
     def _serve_metrics(self):
         # Plain HTTP: a node's certificate is a client's on purpose (it names no host, so it can
@@ -235,6 +245,7 @@ class Agent:
                 return  # already running it: the reconnect resend of desired state
             try:
                 self.jobs[start.job_id] = await off_the_loop(
+                    self.abandoned,
                     JobWorkers,
                     start.job_id,
                     json.loads(start.model_yaml),

@@ -84,14 +84,47 @@ def test_a_job_starts_off_the_agents_event_loop_and_stops_if_the_agent_stops_fir
                 await asyncio.sleep(0.01)
 
         beating = asyncio.create_task(heartbeat())
-        starting = asyncio.create_task(off_the_loop(SlowStart))
+        abandoned = set()
+        starting = asyncio.create_task(off_the_loop(abandoned, SlowStart))
         await asyncio.sleep(0.2)
         assert ticks >= 5 and not starting.done()  # the loop ran while the job was starting
         starting.cancel()  # the agent stops
         await asyncio.sleep(0)
+        assert len(abandoned) == 1  # for an agent that exits to wait on
         release.set()
         await asyncio.to_thread(stopped.wait, 10)
         beating.cancel()
 
     asyncio.run(main())
     assert stopped.is_set()  # what started after the agent stopped was stopped
+
+
+def test_an_agent_that_exits_while_a_job_starts_waits_for_it_and_stops_its_workers(tmp_path):
+    # The loop was gone by the time the start's thread ended, so nothing stopped what it had
+    # started: drover up left a node's forkserver and workers running (3 runs in 7).
+    import asyncio
+    import threading
+
+    from drover.agent.daemon import Agent, off_the_loop
+
+    stopped = threading.Event()
+
+    class SlowStart:
+        def __init__(self):
+            threading.Event().wait(0.5)  # still starting when the agent is told to stop
+
+        def stop(self):
+            stopped.set()
+
+    async def main():
+        agent = Agent("127.0.0.1:1", "node-0", work_dir=str(tmp_path / "w"), data_root=str(tmp_path))
+        running = asyncio.create_task(agent.run_forever())  # no control plane: it keeps retrying
+        starting = asyncio.create_task(off_the_loop(agent.abandoned, SlowStart))
+        await asyncio.sleep(0.1)
+        starting.cancel()
+        running.cancel()  # SIGTERM
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert stopped.is_set()  # before the agent's run ended, not after
+
+    asyncio.run(main())
