@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     except (SpecError, PlanError) as exc:
         click.echo(f"drover: error: {exc}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # Ctrl-C: 128 + SIGINT, as a shell reports it, never a job's 1 (failed)
         click.echo("drover: aborted", err=True)
-        sys.exit(1)
+        sys.exit(130)
     except click.ClickException as exc:
         click.echo(f"drover: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

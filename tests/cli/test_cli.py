@@ -389,3 +389,13 @@ def test_a_port_past_65535_is_refused_not_wrapped(args, capsys):
     with pytest.raises(SystemExit) as exit_code:
         main(args)
     assert exit_code.value.code == 2 and "'127.0.0.1:99999': expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_exit_130_not_a_failed_jobs_1(monkeypatch, capsys):
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("drover.cli.offline.load_cluster", interrupted)
+    with pytest.raises(SystemExit) as exit_code:
+        main(["plan", "--cluster", str(CLUSTER), "--model", str(MODEL)])
+    assert exit_code.value.code == 130 and "aborted" in capsys.readouterr().err
