@@ -52,6 +52,10 @@ def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
     )
 
 
+class AgentReplaced(RuntimeError):
+    """Another agent process said hello as this node: this one stops (drover agent exits 1)."""
+
+
 async def off_the_loop(abandoned: set, start, *args, **kwargs):
     """start(*args, **kwargs) in a thread. A job's input check and its worker starts wait on the
     worker launcher, which on a fresh agent may still be importing torch: heartbeats go on
@@ -150,6 +154,13 @@ class Agent:
                     backoff = 0.2
                 except (grpc.aio.AioRpcError, ConnectionError) as exc:
                     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                    if code == grpc.StatusCode.FAILED_PRECONDITION and "newer stream" in (exc.details() or ""):
+                        # Another agent process speaks for this node now: reconnecting would only
+                        # take the node back from it, and the two would do so forever.
+                        raise AgentReplaced(
+                            f"another agent now serves node {self.node} (its stream replaced this one's); "
+                            "this one stops"
+                        ) from None
                     # The details say why: a TLS handshake refused (a certificate our CA did
                     # not sign, or ours refused) reads UNAVAILABLE like a server that is down.
                     why = f"{code.name}: {(exc.details() or '')[:300]}" if code else str(exc)

@@ -74,6 +74,7 @@ environment_for_every_option(cli)
 # Errors a command reports as one line, exit 1, by the module that raises them: a module that
 # was never imported raised none, so main need not import it to catch them.
 RUN_ERRORS = (
+    ("drover.agent.daemon", "AgentReplaced"),
     ("drover.cli.local_cluster", "LocalClusterError"),
     ("drover.storage.errors", "StoreError"),
     ("drover.control_plane.errors", "StartError"),

@@ -3,6 +3,8 @@ roots, and a job that cannot start here fails alone."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from drover.agent.supervisor import FailedHere, inside
@@ -128,3 +130,17 @@ def test_an_agent_that_exits_while_a_job_starts_waits_for_it_and_stops_its_worke
         assert stopped.is_set()  # before the agent's run ended, not after
 
     asyncio.run(main())
+
+
+async def test_an_agent_whose_node_another_agent_took_over_stops(plane):
+    # Two agents started for one node took it from each other about once a second, forever.
+    from drover.agent.daemon import Agent, AgentReplaced
+
+    agent = Agent(
+        f"127.0.0.1:{plane.port}", "node-0", cpu_devices=1, work_dir=str(plane.tmp / "w"), data_root=str(plane.tmp)
+    )
+    running = asyncio.create_task(agent.run_forever())
+    await plane.connected(1)
+    plane.agent("node-0")  # another process saying hello as node-0
+    with pytest.raises(AgentReplaced, match="another agent now serves node node-0"):
+        await asyncio.wait_for(running, 10)
