@@ -169,8 +169,13 @@ def check_resumable(checkpoint: Path, spec: ModelSpec, steps: int) -> int:
                 str(checkpoint / META), f"model.{key}", saved.get(key), f"{getattr(spec, key)!r}, as the job's model"
             )
     step = int(meta["step"])
-    if step > steps:
-        raise SpecError(str(checkpoint / META), "step", step, f"at most the job's steps ({steps})")
+    if step >= steps:  # at the last step, nothing is left to train (it crashed writing the model)
+        raise SpecError(
+            str(checkpoint / META),
+            "step",
+            step,
+            f"below the job's steps ({steps}): a finished run's checkpoint (drover export reads it), or raise steps",
+        )
     return step
 
 
@@ -196,7 +201,8 @@ def save_model(out: Path, rank: int, world: int, role: layout.Role | None, parts
     every worker calls this (a worker with no role in the plan contributes nothing)."""
     mine = (
         {
-            part: ((len(role.group), role.tp_rank), {n: p.data.cpu() for n, p in module.named_parameters()})
+            # state_dict: the parameters and the persistent buffers, as the reference's model.pt has
+            part: ((len(role.group), role.tp_rank), {n: v.cpu() for n, v in module.state_dict().items()})
             for part, module in parts.items()
         }
         if role

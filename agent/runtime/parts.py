@@ -45,8 +45,16 @@ def warm_up(cfg: DecoderConfig) -> None:
 
 
 def empty_part(cfg: DecoderConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
-    """An uninitialised module of the part's shard (t, r), to be filled by a transfer."""
+    """An uninitialised module of the part's shard (t, r), to be filled by a transfer: its
+    parameters, that is. Buffers are not moved (docs/models.md: constants its constructor
+    makes), so a part with buffers is built once for real to make them: to_empty left them
+    as whatever memory held, and a custom model's loss went wrong or NaN after a switch."""
     module = copy.deepcopy(meta_part(cfg, part)).to_empty(device=device)
+    if next(module.buffers(), None) is not None:
+        made = dict(build_part(cfg, part, seed=0).named_buffers())
+        with torch.no_grad():
+            for name, buffer in module.named_buffers():
+                buffer.copy_(made[name])
     if isinstance(part, int):
         shard_block(module, t, r)
     return module

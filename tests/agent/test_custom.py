@@ -73,6 +73,16 @@ def test_custom_model_with_tp_stages_and_switches_equals_reference(spec, tmp_pat
     assert losses(tmp_path / "reference")[-1] < losses(tmp_path / "reference")[0]
 
 
+def test_a_blocks_buffer_is_made_again_where_the_block_moves(tmp_path):
+    # A moved block was built empty, buffers included, and nothing filled them: after a switch
+    # the loss went wrong, or NaN.
+    scaled = custom("user_models:scaled")
+    training = Training(4, 3)
+    train_reference(scaled, training, tmp_path / "reference")
+    train_workers(scaled, 4, [(0, DP2_PP2), (2, TP2)], tmp_path / "run", training)
+    assert_matches_reference(tmp_path / "run", tmp_path / "reference")
+
+
 @pytest.mark.parametrize(
     "entry_point, says",
     [

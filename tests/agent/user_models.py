@@ -20,6 +20,17 @@ class NoSuchWeight(ParallelBlock):
     tp_splits = {"qkv.weight": 0}
 
 
+class ScaledBlock(ParallelBlock):
+    """A block with a buffer: a constant its constructor makes (docs/models.md)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("scale", torch.full((config.hidden,), 0.5))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale + x * (1 - self.scale)
+
+
 class WrongHead(Head):
     def forward(self, x):
         return self.norm(x)
@@ -27,6 +38,10 @@ class WrongHead(Head):
 
 def unsplit(config, part, seed):
     return UnsplitBlock(config) if isinstance(part, int) else build(config, part, seed)
+
+
+def scaled(config, part, seed):
+    return ScaledBlock(config) if isinstance(part, int) else build(config, part, seed)
 
 
 def returns_a_tensor(config, part, seed):
