@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -199,6 +200,8 @@ def train(
         plans = [(0, load_plan(plan_file))] + [(step, load_plan(path)) for step, path in switches]
         from drover.agent.runtime.launch import train_workers
 
+        # SIGTERM ends the run as Ctrl-C does, its workers stopped (they ran on under init).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         with TraceProgress(Path(out_dir), training.steps, spec.seq_len) as progress:
             train_workers(spec, workers, plans, out_dir, training, slow, data_root, progress.update, paced)
     click.echo(final_line(Path(out_dir)))
@@ -217,8 +220,7 @@ class TraceProgress:
         )  # fmt: skip
         self.task = self.bar.add_task("", total=steps)
 
-    def __enter__(self):
-        self.path.unlink(missing_ok=True)  # an earlier run's, in a reused out dir
+    def __enter__(self):  # train_workers clears an earlier run's trace, once the run is checked
         self.bar.start()
         return self
 

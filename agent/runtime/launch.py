@@ -39,6 +39,24 @@ def pace_of(cluster: Cluster, device: Device, spec: ModelSpec) -> float:
     return pace(cluster.nodes[device.node].gpu.tflops, spec)
 
 
+# What a run writes in its out dir: an earlier run's, in a reused one, would be read as this
+# run's (its validation loss, its devices' telemetry) or appended to.
+RUN_FILES = ("trace.jsonl", "migrations.jsonl", "eval.jsonl", "model.pt", "model.json")
+
+
+def fresh_out(out: Path) -> Path:
+    """`out` with no earlier run's files in it, and its telemetry folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    telemetry = out / "telemetry"
+    for old in telemetry.iterdir() if telemetry.is_dir() else ():
+        if old.is_file():
+            old.unlink()
+    telemetry.mkdir(exist_ok=True)
+    return out
+
+
 def train_workers(
     spec: ModelSpec,
     workers: int,
@@ -64,14 +82,13 @@ def train_workers(
     for _, plan in plans:
         validate(plan, cluster, spec)  # refused before any worker starts, naming the rule it breaks
     open_inputs(spec, training, data_root)
-    out = Path(out_dir)
-    (out / "telemetry").mkdir(parents=True, exist_ok=True)
     rated = {d: (r, 0) for d, r in cluster.rates.items() if 1.0 < r < float("inf")} if paced else {}
     slow = rated | (slow or {})
     unknown = [d for d in slow if d not in cluster.device_by_id]
     if unknown:
         ids = [d.id for d in cluster.devices]
         raise PlanError("unknown-device", f"--slow names {unknown[0]!r}; devices are {ids[0]}..{ids[-1]}")
+    out = fresh_out(Path(out_dir))  # only once everything is checked: a refused run writes nothing
     ranks = {d.id: i for i, d in enumerate(cluster.devices)}
     host = namespaces.master_host if namespaces else "127.0.0.1"
     init = f"tcp://{host}:{free_port()}"
@@ -102,18 +119,20 @@ def wait_all(procs, tick: Callable[[], None] | None = None) -> None:
     """Join workers, calling `tick` twice a second; on the first failure stop the rest (they
     would wait on it) and raise."""
     running = list(procs)
-    while running:
-        connection.wait([p.sentinel for p in running], timeout=0.5 if tick else None)
-        if tick:
-            tick()
-        for proc in [p for p in running if not p.is_alive()]:
-            running.remove(proc)
-            if proc.exitcode != 0:
-                for other in running:
-                    other.terminate()
-                for other in running:
-                    other.join()
-                raise RuntimeError(f"worker {proc.name} failed (exit code {proc.exitcode}); stopped the others")
+    try:
+        while running:
+            connection.wait([p.sentinel for p in running], timeout=0.5 if tick else None)
+            if tick:
+                tick()
+            for proc in [p for p in running if not p.is_alive()]:
+                running.remove(proc)
+                if proc.exitcode != 0:
+                    raise RuntimeError(f"worker {proc.name} failed (exit code {proc.exitcode}); stopped the others")
+    finally:  # a failed worker, or this process told to stop (SIGTERM): none is left running
+        for other in running:
+            other.terminate()
+        for other in running:
+            other.join()
 
 
 def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, data_root: str | Path = ".") -> None:
@@ -123,8 +142,7 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
     inputs = open_inputs(spec, training, data_root)
     if inputs.resume:
         raise PlanError("resume", "the reference trains from the start; resume runs on workers")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_out(Path(out_dir))
     cfg = config_of(spec)
     model = Decoder(cfg, training.seed)
     if inputs.init:

@@ -28,6 +28,7 @@ from support import (
     assert_matches_reference,
     local_plan,
     losses,
+    trace,
 )
 
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
@@ -189,3 +190,34 @@ def test_tensorboard_false_writes_no_curves(spec, tmp_path):
     )
     assert not (tmp_path / "tensorboard").exists()
     assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_refused_run_leaves_an_earlier_runs_files_alone_and_a_new_one_clears_them(spec, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trace.jsonl").write_text("an earlier run's\n")
+    (out / "eval.jsonl").write_text("an earlier run's\n")
+    with pytest.raises(PlanError, match="local/7"):  # its trace was deleted, and telemetry/ made
+        train_workers(spec, 4, [(0, DP2_PP2)], out, Training(2, 0), slow={"local/7": (3.0, 1)})
+    assert (out / "trace.jsonl").read_text() == "an earlier run's\n" and not (out / "telemetry").exists()
+    train_workers(spec, 4, [(0, DP2_PP2)], out, Training(2, 0))
+    assert [t["step"] for t in trace(out)] == [0, 1] and not (out / "eval.jsonl").exists()  # not read as this run's
+
+
+def test_workers_are_stopped_when_the_run_is_told_to_stop():
+    # drover train's workers ran on under init after a SIGTERM to it, which now exits as this tick does.
+    import multiprocessing
+    import time
+
+    from drover.agent.runtime.launch import wait_all
+
+    procs = [multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+
+    def sigterm():
+        raise SystemExit(143)
+
+    with pytest.raises(SystemExit):
+        wait_all(procs, sigterm)
+    assert [p.is_alive() for p in procs] == [False, False]
