@@ -81,6 +81,9 @@ def train_workers(
         raise PlanError("workers", f"{workers} workers for the {len(cluster.devices)} devices of {cluster.name}")
     for _, plan in plans:
         validate(plan, cluster, spec)  # refused before any worker starts, naming the rule it breaks
+    late = [step for step, _ in plans[1:] if step >= training.steps]
+    if late:  # it was ignored without a word
+        raise PlanError("switch", f"a switch at step {late[0]}: the run's steps are 0 to {training.steps - 1}")
     open_inputs(spec, training, data_root)
     rated = {d: (r, 0) for d, r in cluster.rates.items() if 1.0 < r < float("inf")} if paced else {}
     slow = rated | (slow or {})

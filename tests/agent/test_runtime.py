@@ -199,6 +199,8 @@ def test_a_refused_run_leaves_an_earlier_runs_files_alone_and_a_new_one_clears_t
     (out / "eval.jsonl").write_text("an earlier run's\n")
     with pytest.raises(PlanError, match="local/7"):  # its trace was deleted, and telemetry/ made
         train_workers(spec, 4, [(0, DP2_PP2)], out, Training(2, 0), slow={"local/7": (3.0, 1)})
+    with pytest.raises(PlanError, match="a switch at step 2: the run's steps are 0 to 1"):  # was ignored
+        train_workers(spec, 4, [(0, DP2_PP2), (2, TP2)], out, Training(2, 0))
     assert (out / "trace.jsonl").read_text() == "an earlier run's\n" and not (out / "telemetry").exists()
     train_workers(spec, 4, [(0, DP2_PP2)], out, Training(2, 0))
     assert [t["step"] for t in trace(out)] == [0, 1] and not (out / "eval.jsonl").exists()  # not read as this run's
