@@ -19,18 +19,18 @@ STEPS = 200
 RESTART_S = 300.0
 
 
-def small_cluster(nics=({"type": "infiniband", "gbps": 200, "count": 8},), ethernet_gbps=100):
+def small_cluster(nics=({"type": "infiniband", "gbps": 200, "count": 8},), ethernet_gbps=100, nodes=4, gpus=8, gib=80):
     return cluster_from_dict(
         {
-            "name": "test-32",
+            "name": f"test-{nodes * gpus}",
             "defaults": {
-                "gpus": 8,
-                "gpu": {"name": "A100-80G", "tflops": 312, "memory_gib": 80},
+                "gpus": gpus,
+                "gpu": {"name": f"A100-{gib}G", "tflops": 312, "memory_gib": gib},
                 "intra_gbps": 2400,
                 "ethernet_gbps": ethernet_gbps,
                 "nics": list(nics),
             },
-            "nodes": [{"name": f"node-{i}"} for i in range(4)],
+            "nodes": [{"name": f"node-{i}"} for i in range(nodes)],
         }
     )
 
@@ -242,19 +242,8 @@ def test_rates_accept_inf_spellings_and_joined_devices(cluster):
         )
 
 
-def two_gpus():
-    return cluster_from_dict(
-        {
-            "name": "two",
-            "defaults": {
-                "gpus": 1,
-                "gpu": {"name": "A100-40G", "tflops": 312, "memory_gib": 40},
-                "intra_gbps": 2400,
-                "ethernet_gbps": 10,
-            },
-            "nodes": [{"name": "a"}, {"name": "b"}],
-        }
-    )
+def two_gpus():  # node-0/0 and node-1/0, 40 GB each, over Ethernet
+    return small_cluster(nics=(), ethernet_gbps=10, nodes=2, gpus=1, gib=40)
 
 
 def needs_both(model):  # too big for one 40 GB GPU, fits on two
@@ -263,7 +252,7 @@ def needs_both(model):  # too big for one 40 GB GPU, fits on two
 
 def test_a_strategy_left_without_a_plan_stops_and_the_others_go_on(model):
     two, big = two_gpus(), needs_both(model)
-    runs = by_strategy(simulate(two, big, events(RateChange(5, "b/0", float("inf"))), 20))
+    runs = by_strategy(simulate(two, big, events(RateChange(5, "node-1/0", float("inf"))), 20))
     for name in ("uniform", "drop"):  # one GPU cannot hold the model, and they do not move state
         run = runs[name]
         assert (run.stopped_at, run.trained_steps, run.replans) == (5, 5, 0)
@@ -277,14 +266,14 @@ def test_a_strategy_left_without_a_plan_stops_and_the_others_go_on(model):
 def test_with_no_plan_at_all_simulate_raises_the_planners_error(model):
     two, big = two_gpus(), needs_both(model)
     with pytest.raises(PlanError, match="no-feasible-plan"):
-        simulate(two, big, events(RateChange(0, "a/0", float("inf"))), 20)
+        simulate(two, big, events(RateChange(0, "node-0/0", float("inf"))), 20)
 
 
 def test_drop_with_every_node_straggling_keeps_them_and_says_so(model):
     two, big = two_gpus(), needs_both(model)
-    runs = by_strategy(simulate(two.with_rates({"b/0": 1.9}), big, events(RateChange(10, "a/0", 3.0)), 40))
+    runs = by_strategy(simulate(two.with_rates({"node-1/0": 1.9}), big, events(RateChange(10, "node-0/0", 3.0)), 40))
     drop = runs["drop"]
-    assert "nodes dropped: b" not in drop.timeline[0].event  # b alone cannot hold it: kept
+    assert "nodes dropped: node-1" not in drop.timeline[0].event  # node-0 alone cannot hold it: kept
     assert "every node kept" in drop.timeline[0].event
     # Both straggle at step 10: the same plan goes on, with no restart charged for it.
     assert (drop.replans, drop.migration_s, drop.trained_steps) == (0, 0.0, 40)
