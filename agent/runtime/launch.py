@@ -13,7 +13,7 @@ import torch
 
 from drover.planner.cluster import Cluster, Device, Gpu, Node
 from drover.planner.cost import validate
-from drover.planner.errors import PlanError
+from drover.planner.errors import PlanError, SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 from drover.planner.ports import free_port
@@ -57,6 +57,13 @@ def fresh_out(out: Path) -> Path:
     return out
 
 
+def check_precision(spec: ModelSpec, training: Training) -> None:
+    """bf16 where it can run, before any worker starts: each worker refused it on a CPU, in a
+    traceback of its own (the reference trained in fp32 without a word)."""
+    if training.precision == "bf16" and not torch.cuda.is_available():
+        raise SpecError(spec.name, "precision", "bf16", "fp32 on CPU devices (bf16 runs on CUDA)")
+
+
 def train_workers(
     spec: ModelSpec,
     workers: int,
@@ -85,6 +92,7 @@ def train_workers(
     if late:  # it was ignored without a word
         raise PlanError("switch", f"a switch at step {late[0]}: the run's steps are 0 to {training.steps - 1}")
     open_inputs(spec, training, data_root)
+    check_precision(spec, training)
     rated = {d: (r, 0) for d, r in cluster.rates.items() if 1.0 < r < float("inf")} if paced else {}
     slow = rated | (slow or {})
     unknown = [d for d in slow if d not in cluster.device_by_id]
@@ -145,6 +153,7 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
     inputs = open_inputs(spec, training, data_root)
     if inputs.resume:
         raise PlanError("resume", "the reference trains from the start; resume runs on workers")
+    check_precision(spec, training)  # it would train in fp32 and say nothing
     out = fresh_out(Path(out_dir))
     cfg = config_of(spec)
     model = Decoder(cfg, training.seed)

@@ -11,7 +11,7 @@ import torch
 
 from drover.agent.runtime.launch import local_cluster, train_reference, train_workers
 from drover.planner.cost import validate
-from drover.planner.errors import PlanError
+from drover.planner.errors import PlanError, SpecError
 from drover.planner.model import load_model
 from drover.planner.training import Checkpointing, Training
 
@@ -223,3 +223,15 @@ def test_workers_are_stopped_when_the_run_is_told_to_stop():
     with pytest.raises(SystemExit):
         wait_all(procs, sigterm)
     assert [p.is_alive() for p in procs] == [False, False]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 runs where there is CUDA")
+def test_bf16_on_cpu_is_refused_before_any_worker_starts(spec, tmp_path):
+    bf16 = Training(2, 0, precision="bf16")
+    for run in (
+        lambda: train_workers(spec, 4, [(0, DP2_PP2)], tmp_path / "w", bf16),  # each worker raised it
+        lambda: train_reference(spec, bf16, tmp_path / "r"),  # it trained in fp32 without a word
+    ):
+        with pytest.raises(SpecError, match="'precision' = 'bf16': fp32 on CPU devices"):
+            run()
+    assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
