@@ -153,8 +153,10 @@ def prepare(
                 index += 1
             batch.clear()
 
+        text = False
         for file in files:
             for document in documents([file], text_field):
+                text = text or not document.isspace() and document != ""
                 batch.append(document)
                 if len(batch) == BATCH_DOCUMENTS:
                     flush()
@@ -174,7 +176,7 @@ def prepare(
             "documents": index,
             "splits": {split: w.entries for split, w in writers.items() if w.entries},
         }
-        if "train" not in meta["splits"]:
+        if "train" not in meta["splits"] or not text:  # empty files made a shard of end-of-text tokens
             raise SpecError("inputs", "inputs", [str(p) for p in inputs], "some text for the train split")
         (partial / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         if out.exists():
@@ -202,7 +204,16 @@ def train_tokenizer(inputs: list[Path], vocab: int, out: Path, text_field: str =
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(documents(expand(inputs), text_field), trainer=trainer)
+    texts = [0]  # characters of text seen, besides white space
+
+    def counted():
+        for document in documents(expand(inputs), text_field):
+            texts[0] += len(document.strip())
+            yield document
+
+    tokenizer.train_from_iterator(counted(), trainer=trainer)
+    if not texts[0]:  # it made a tokenizer of the bytes alone, below --vocab, without a word
+        raise SpecError("inputs", "inputs", [str(p) for p in inputs], "files with some text to learn tokens from")
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out))
     return tokenizer.get_vocab_size()

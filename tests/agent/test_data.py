@@ -107,3 +107,17 @@ def test_bad_shards_are_refused_before_anything_is_written(root, spec, tmp_path)
     job.write_text(f"model: {model}\nsteps: 2\ndata: ../outside\n")
     out = run_cli("train", "--reference", "--job", str(job), "--out", str(tmp_path / "o"))
     assert out.returncode == 2 and "'data' = '../outside'" in out.stderr and "no '..'" in out.stderr
+
+
+def test_a_corpus_without_text_is_refused(root, tmp_path):
+    # An empty file made a tokenizer of the bytes alone, below --vocab, and a shard of one
+    # end-of-text token, refused only at training time.
+    from drover.agent.runtime.prepare import prepare, train_tokenizer
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(SpecError, match="some text to learn tokens from"):
+        train_tokenizer([empty], 300, tmp_path / "tok.json")
+    with pytest.raises(SpecError, match="some text for the train split"):
+        prepare([empty], root / "tok.json", tmp_path / "shards", 0.05)
+    assert not (tmp_path / "tok.json").exists() and not (tmp_path / "shards").exists()
