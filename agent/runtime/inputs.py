@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.training import SYNTHETIC, Training
 
@@ -45,4 +46,6 @@ def open_inputs(spec: ModelSpec, training: Training, data_root: str | Path) -> I
         resume = find_checkpoint(inside(root, training.resume))
         start_step = check_resumable(resume, spec, training.steps)
     checkpoints = inside(root, training.checkpoint.dir) if training.checkpoint else None
+    if checkpoints is not None and checkpoints.exists() and not checkpoints.is_dir():  # found at the first save
+        raise SpecError("job", "checkpoint.dir", training.checkpoint.dir, "a folder (or none yet), not a file")
     return Inputs(train, val, init, resume, start_step, checkpoints)

@@ -235,3 +235,11 @@ def test_bf16_on_cpu_is_refused_before_any_worker_starts(spec, tmp_path):
         with pytest.raises(SpecError, match="'precision' = 'bf16': fp32 on CPU devices"):
             run()
     assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_refused_before_any_worker_starts(spec, tmp_path):
+    (tmp_path / "ckpt").write_text("not a folder")  # the workers failed at their first save
+    training = Training(2, 0, checkpoint=Checkpointing("ckpt", every_steps=1))
+    with pytest.raises(SpecError, match="'checkpoint.dir' = 'ckpt': a folder"):
+        train_workers(spec, 4, [(0, DP2_PP2)], tmp_path / "out", training, data_root=tmp_path)
+    assert not (tmp_path / "out").exists()
