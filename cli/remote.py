@@ -40,7 +40,7 @@ def _job_rows(jobs) -> str:
                 j.id,
                 job_state_name(j.state),
                 j.model_name,
-                j.step,
+                j.step if j.step >= 0 else "-",  # -1: no step ended yet
                 j.steps,
                 figure(j, "loss", ".4f"),
                 figure(j, "val_loss", ".4f"),
@@ -269,14 +269,14 @@ def plan_show(job_id: str, version: int, address: str, as_json: bool) -> None:
     record = connect(address).plan(job_id, version)
 
     def render(r):
-        rows = [
-            [i, p.micro_batches, k, " ".join(s.devices), f"{s.layers[0]}-{s.layers[1]}"]
+        rows = [  # blocks as drover plan shows them: the half-open range, and how many
+            [i, p.micro_batches, k, " ".join(s.devices), f"{s.layers[0]}-{s.layers[1]}", s.layers[1] - s.layers[0]]
             for i, p in enumerate(r.plan.pipelines)
             for k, s in enumerate(p.stages)
         ]
         return (
             f"{r.job_id} plan v{r.version} ({'committed' if r.committed else 'pending'}): {r.reason}\n"
-            + table(["pipeline", "micro", "stage", "devices", "blocks"], rows)
+            + table(["pipeline", "micro", "stage", "devices", "blocks", "n"], rows)
             + f"\nremoved: {' '.join(r.plan.removed) or 'none'}"
         )
 

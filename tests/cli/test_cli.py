@@ -399,3 +399,10 @@ def test_ctrl_c_is_exit_130_not_a_failed_jobs_1(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_code:
         main(["plan", "--cluster", str(CLUSTER), "--model", str(MODEL)])
     assert exit_code.value.code == 130 and "aborted" in capsys.readouterr().err
+
+
+def test_a_job_with_no_step_yet_shows_none_not_minus_one():
+    from drover.cli.remote import _job_rows
+
+    shown = _job_rows([jobs_pb2.Job(id="job-1", model_name="tiny", step=-1, steps=30)]).splitlines()[-1].split()
+    assert shown[:5] == ["job-1", "unspecified", "tiny", "-", "30"]
