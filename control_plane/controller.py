@@ -62,6 +62,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         self._heard_from: dict[str, float] = {}  # node -> when its stream last brought a message (monotonic)
         self._handling: dict[str, int] = {}  # node -> its messages being handled now (its later ones wait)
         self.pending: list[str] = []  # jobs waiting for devices, oldest first
+        self.closing = False
         self._placing = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
         self.flusher: asyncio.Task | None = None
@@ -131,6 +132,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
 
     async def close(self) -> None:
         """Stop the background work, write what is buffered, close the store."""
+        self.closing = True  # streams ending from here on expect no node back (see _expect_back)
         tasks = [self.flusher] + [j.reconciler for j in self.jobs.values()] + list(self._lost.values())
         tasks += list(self._background)
         for task in tasks:

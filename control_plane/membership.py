@@ -91,6 +91,8 @@ class Membership:
         del self.outboxes[node]
         log.info("agent %s disconnected", node, extra={"event": "agent_disconnected", "node": node})
         self.logs.node_gone(node)
+        if self.closing:  # the store is closing too; a restarted server marks every node away anyway
+            return
         # Before any await: this runs in the finally of a stream's task that gRPC may cancel again,
         # and a node never expected back would never be found lost.
         if any(node in j.nodes for j in self.jobs.values()):

@@ -130,10 +130,14 @@ async def start_server(
 
 
 async def stop_server(served: Served) -> None:
-    if served.metrics_http is not None:
-        await asyncio.to_thread(stop_metrics, served.metrics_http)
-    await served.server.stop(grace=1)
-    await served.cp.close()
+    try:
+        if served.metrics_http is not None:
+            await asyncio.to_thread(stop_metrics, served.metrics_http)
+        await served.server.stop(grace=1)
+    finally:
+        # Always: on SIGTERM gRPC's stop raised CancelledError, so the buffered telemetry was
+        # never written nor the database closed (and a node's give-up task died pending).
+        await served.cp.close()
 
 
 async def serve(db: str, address: str, **options) -> None:

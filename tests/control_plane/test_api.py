@@ -437,3 +437,31 @@ async def test_an_advertised_address_that_is_no_ip_address_is_refused(plane):
         await call.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "hello.advertise_address = 'a b': one host's IP address" in caught.value.details()
+
+
+async def test_a_server_whose_grpc_stop_is_cancelled_still_writes_and_closes_its_store(tmp_path):
+    # On SIGTERM gRPC's stop raised CancelledError: the buffered telemetry was never written,
+    # nor the database closed.
+    from drover.control_plane.server import start_server, stop_server
+    from drover.storage import queries
+    from drover.storage.db import Store, sqlite_url
+
+    served = await start_server(str(tmp_path / "d.db"), "127.0.0.1:0", emulation=True)
+    sample = dict(job_id="", device="node-0/0", time=time.time(), step=1, compute_s_per_block=0.1)
+    served.cp.store.buffer_samples(TelemetrySample, [sample])
+    grpc_stop = served.server.stop
+
+    async def cancelled(grace):
+        raise asyncio.CancelledError
+
+    served.server.stop = cancelled
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await stop_server(served)
+    finally:
+        await grpc_stop(grace=None)
+    store = Store(sqlite_url(str(tmp_path / "d.db")))  # StoreInUse, had it not been closed
+    try:
+        assert [t.step for t in store.read(lambda s: queries.telemetry(s, "", "node-0/0"))] == [1]
+    finally:
+        store.close()
