@@ -85,7 +85,7 @@ class Intake:
             if node == job.rank0_node():  # only rank 0's agent reports progress; anything else is kept out
                 job.progress = progress_dict(message.progress)
                 steps = [p for p in (message.steps or [message.progress]) if job.history_step < p.step < job.spec.steps]
-                self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message) for p in steps])
+                self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message, at) for p in steps])
                 job.history_step = max([job.history_step] + [p.step for p in steps])
         if job is not None:
             for s in message.devices:
@@ -168,11 +168,11 @@ class Intake:
         job.node_versions[node] = message.active_plan_version
         job.wake.set()
 
-    def _history_point(self, job: RunningJob, progress, message: agent_pb2.Telemetry) -> dict:
+    def _history_point(self, job: RunningJob, progress, message: agent_pb2.Telemetry, at: float) -> dict:
         return {
             "job_id": job.id,
             "step": progress.step,
-            "time": min(message.time, time.time()),
+            "time": at,
             "loss": progress.loss if math.isfinite(progress.loss) else None,
             "lr": progress.lr,
             "samples_per_s": progress.samples_per_s,

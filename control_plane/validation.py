@@ -14,6 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from drover.planner.cluster import MAX_FIGURE, MIN_FIGURE
 from drover.planner.errors import quote
+from drover.planner.spec_io import MAX_INTEGER
 from drover.planner.training import MAX_PATH
 from drover.v1 import agent_pb2
 
@@ -30,7 +31,7 @@ MAX_ITEMS_OF = {"nics": 64, "migrations": 64, "jobs": 256, "steps": 256}
 MAX_NUMBER = 1e12  # seconds since the epoch, bytes per second: all well below
 # A job's integers the job file allows past MAX_NUMBER (planner/training.py, planner/model.py).
 MAX_INTEGER_OF = {"seed": (1 << 63) - 1} | dict.fromkeys(
-    ("steps", "block_params", "embedding_params", "head_params", "tp_split_sizes"), 1 << 40
+    ("steps", "block_params", "embedding_params", "head_params", "tp_split_sizes"), MAX_INTEGER
 )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .spec_io import Fields, load_mapping
+from .spec_io import MAX_INTEGER, Fields, load_mapping
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def counted_from(f: Fields) -> Counted:
         raise f.error("counted", "(missing)", allowed)
     c = f.mapping("counted")
     c.reject_unknown(set(COUNTED_KEYS))
-    limit = 1 << 40
+    limit = MAX_INTEGER
     sizes = c.items("tp_split_sizes", [])
     if len(sizes) > 64 or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= limit for n in sizes):
         raise c.error("tp_split_sizes", sizes[:64], f"at most 64 sizes, each from 1 to {limit}")

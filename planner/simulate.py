@@ -172,14 +172,12 @@ class StrategyRun:
         self.trained_steps += end - step
 
     def stop(self, step: int, event: str, err: PlanError) -> None:
-        """No plan of this strategy fits from `step` on: the run ends there."""
+        """No plan of this strategy fits from `step` on: the run ends there. Any other PlanError
+        is raised again."""
+        if err.rule not in NO_PLAN_RULES:
+            raise err
         self.stopped_at = step
         self.timeline.append(TimelineEntry(step, f"{event}; no plan fits, the run stops: {err.detail}", None))
-
-
-def _no_plan(err: PlanError) -> bool:
-    """What a strategy's planning raises when the cluster, as it now is, holds no plan of it."""
-    return err.rule in NO_PLAN_RULES
 
 
 class _World:
@@ -248,8 +246,6 @@ def _run_uniform(world: _World) -> StrategyRun:
             try:  # a static job (re)starts on the nodes it was launched with
                 new = make_plan(_only_nodes(truth, original), model, "uniform")
             except PlanError as err:
-                if not _no_plan(err):
-                    raise
                 run.stop(step, event, err)
                 break
             if plan is not None:
@@ -277,8 +273,6 @@ def _run_drop(world: _World) -> StrategyRun:
             try:
                 new, kept = _drop_plan(truth, model)
             except PlanError as err:
-                if not _no_plan(err):
-                    raise
                 run.stop(step, event, err)
                 break
             layout = _drop_layout(truth)
@@ -336,8 +330,6 @@ def _run_drover(world: _World) -> StrategyRun:
                 plan, decision = _reconsider(plan, known, world, remaining=world.steps - step, run=run)
                 notes.append(f"{_describe(world.detected_at(step))}: {decision}")
         except PlanError as err:
-            if not _no_plan(err):
-                raise
             run.stop(step, "; ".join([n for n in notes if n]) or "start", err)
             break
         run.train(step, end, "; ".join([n for n in notes if n]) or "start", plan, truth, model)

@@ -227,7 +227,7 @@ def training_from_job(f: Fields) -> Training:
     if precision not in PRECISIONS:
         raise f.error("precision", precision, f"one of {', '.join(PRECISIONS)}")
     return Training(
-        steps=f.integer("steps", maximum=1 << 40),
+        steps=f.integer("steps"),  # at most MAX_INTEGER, as every integer
         seed=f.integer("seed", 0, minimum=0, maximum=(1 << 63) - 1),
         optimizer=optimizer,
         schedule=schedule,
