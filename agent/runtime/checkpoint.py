@@ -14,7 +14,9 @@ A checkpoint is complete or invisible: the workers write into
 write `drover.json` and rename the directory to `step-K` (an atomic rename
 on one file system). A save killed midway leaves a `.partial` directory that
 resume never reads and the next save removes. The newest `keep` complete
-checkpoints stay.
+checkpoints stay. `drover.json` also lists every file's size, so a checkpoint
+damaged afterwards (a file truncated or lost) is refused up front by name
+rather than failing inside each worker's read.
 
 The final model (model.pt) is the whole model in one state dict with the
 single-process model's names, gathered to rank 0 from the shards of the
@@ -117,8 +119,10 @@ def save_checkpoint(
     _dcp().save(_entries(parts, state, role, tp_pg, device, only=mine), checkpoint_id=str(partial))
     if rank == 0:
         meta_path = partial / META
+        # DCP's save returns on rank 0 once every rank's files and the metadata are written.
+        files = {p.name: p.stat().st_size for p in sorted(partial.iterdir()) if p.is_file()}
         with open(meta_path, "w") as f:
-            json.dump(meta | {"step": step}, f)
+            json.dump(meta | {"step": step, "files": files}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, final)
@@ -155,7 +159,23 @@ def find_checkpoint(path: Path) -> Path:
 
 
 def read_meta(checkpoint: Path) -> dict:
-    return json.loads((checkpoint / META).read_text())
+    """drover.json of a complete checkpoint, and its files checked against the sizes it lists
+    (checkpoints written before the list was kept are taken as they are)."""
+    path = checkpoint / META
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), "drover.json", "unreadable", f"the JSON a checkpoint save writes ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or not isinstance(meta.get("model"), dict):
+        raise SpecError(str(path), "drover.json", "damaged", "a mapping with the step and the model, as a save writes")
+    for name, size in (meta.get("files") or {}).items():
+        if Path(name).name != name or name in ("", ".", ".."):  # never a path out of the checkpoint
+            raise SpecError(str(path), "files", name, "file names inside the checkpoint, as a save writes")
+        file = checkpoint / name
+        found = file.stat().st_size if file.is_file() else None
+        if found != size:
+            raise SpecError(str(file), "size", "missing" if found is None else found, f"{size} bytes, as it was saved")
+    return meta
 
 
 def check_resumable(checkpoint: Path, spec: ModelSpec, steps: int) -> int:

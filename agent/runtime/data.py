@@ -92,7 +92,8 @@ class Shards:
         if meta["vocab"] > vocab:
             raise SpecError(source, "vocab", meta["vocab"], f"at most the model's vocab ({vocab})")
         dtype = DTYPES[meta["dtype"]]
-        self.files, counts = [], []
+        self.vocab = meta["vocab"]
+        self.files, self.paths, counts = [], [], []
         for entry in meta["splits"].get(split, []):
             path = self.directory / entry["file"]
             size = path.stat().st_size if path.exists() else -1
@@ -103,6 +104,7 @@ class Shards:
             windows = max(0, (entry["tokens"] - 1) // seq_len)
             if windows:
                 self.files.append(np.memmap(path, dtype=dtype, mode="r"))
+                self.paths.append(path)
                 counts.append(windows)
         self.starts = [0]
         for c in counts:
@@ -114,7 +116,16 @@ class Shards:
     def window(self, index: int) -> torch.Tensor:
         f = bisect.bisect_right(self.starts, index) - 1
         offset = (index - self.starts[f]) * self.seq_len
-        return torch.from_numpy(self.files[f][offset : offset + self.seq_len + 1].astype(np.int64))
+        tokens = self.files[f][offset : offset + self.seq_len + 1]
+        # Checked as read, for the cost of a max over one window: a corpus scanned up front costs a
+        # read of all of it, and a token past the vocab failed as an IndexError deep in the model.
+        top = int(tokens.max())
+        if top >= self.vocab:
+            at = offset + int(np.argmax(tokens >= self.vocab))
+            raise SpecError(
+                str(self.paths[f]), f"tokens[{at}]", top, f"below meta.json's vocab ({self.vocab}); rebuild the shards"
+            )
+        return torch.from_numpy(tokens.astype(np.int64))
 
     def window_of(self, step: int, sample: int) -> int:
         g = step * self.global_batch + sample

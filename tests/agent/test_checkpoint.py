@@ -109,6 +109,28 @@ def test_a_checkpoint_of_another_model_is_refused(spec, tmp_path):
         find_checkpoint(tmp_path / "run")
 
 
+def test_a_checkpoint_damaged_after_its_save_is_refused_by_name(spec, tmp_path):
+    # A truncated or lost shard file failed inside every worker's read (EOFError); drover.json
+    # lists the files' sizes, so it is refused up front, naming the file.
+    training = replace(TRAINING, steps=2, checkpoint=Checkpointing("ckpt"))
+    train_workers(spec, 4, [(0, DP2_PP2)], tmp_path / "run", training, data_root=tmp_path)
+    saved = find_checkpoint(tmp_path / "ckpt")
+    assert check_resumable(saved, spec, STEPS) == 2
+    shard = sorted(saved.glob("*.distcp"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecError, match=f"{shard.name}: field 'size' = {len(data) // 2}: {len(data)} bytes, as it"):
+        check_resumable(saved, spec, STEPS)
+    out = run_cli("export", str(tmp_path / "ckpt"), "--format", "hf", "--out", str(tmp_path / "hf"))
+    assert out.returncode == 2 and shard.name in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+    shard.unlink()
+    with pytest.raises(SpecError, match=f"{shard.name}: field 'size' = 'missing'"):
+        check_resumable(saved, spec, STEPS)
+    (saved / "drover.json").write_text('{"step": 2, "model": ')
+    with pytest.raises(SpecError, match="drover.json.*unreadable"):
+        check_resumable(saved, spec, STEPS)
+
+
 def test_a_checkpoint_exports_the_model_it_holds(spec, tmp_path):
     training = replace(TRAINING, steps=2, checkpoint=Checkpointing("ckpt"))
     train_workers(spec, 4, [(0, DP2_PP2)], tmp_path / "run", training, data_root=tmp_path)

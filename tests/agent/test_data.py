@@ -109,6 +109,25 @@ def test_bad_shards_are_refused_before_anything_is_written(root, spec, tmp_path)
     assert out.returncode == 2 and "'data' = '../outside'" in out.stderr and "no '..'" in out.stderr
 
 
+def test_a_token_past_the_shards_vocab_is_named_where_it_is_read(root, spec, tmp_path):
+    # meta.json that understates the vocab: the token reached the embedding as an IndexError.
+    bad = tmp_path / "understated"
+    bad.mkdir()
+    meta = json.loads((root / "shards" / "meta.json").read_text())
+    tokens = np.fromfile(root / "shards" / "train-00000.bin", dtype=meta["dtype"])
+    (bad / "train-00000.bin").write_bytes(tokens.tobytes())
+    top = int(tokens.max())
+    (bad / "meta.json").write_text(json.dumps(meta | {"vocab": top}))  # the largest token is one past it
+    shards = Shards(bad, "train", spec.seq_len, spec.vocab, 0, 16)
+    expected = f"train-00000.bin: field 'tokens\\[\\d+\\]' = {top}: below meta.json's vocab \\({top}\\)"
+    with pytest.raises(SpecError, match=expected):
+        for index in range(shards.windows):
+            shards.window(index)
+    (bad / "meta.json").write_text(json.dumps(meta | {"vocab": top + 1}))
+    shards = Shards(bad, "train", spec.seq_len, spec.vocab, 0, 16)
+    assert max(int(shards.window(i).max()) for i in range(shards.windows)) <= top  # no error at the true vocab
+
+
 def test_a_corpus_without_text_is_refused(root, tmp_path):
     # An empty file made a tokenizer of the bytes alone, below --vocab, and a shard of one
     # end-of-text token, refused only at training time.
