@@ -30,6 +30,20 @@ class Inputs:
     checkpoints: Path | None  # where this job's checkpoints go
 
 
+def check_eval_samples(samples: int, windows: int, global_batch: int) -> None:
+    """Evaluation reads whole global batches of distinct windows: past the split's windows it
+    read the first ones again and called them more samples."""
+    most = windows // global_batch * global_batch
+    if -(-samples // global_batch) * global_batch > windows:
+        allowed = (
+            f"at most {most} (the val split holds {windows} windows, read in global batches of {global_batch})"
+            if most
+            else f"a val split of at least one global batch ({global_batch} windows; it holds {windows}): "
+            "prepare the shards with a larger --val-fraction"
+        )
+        raise SpecError("job", "eval.samples", samples, allowed)
+
+
 def open_inputs(spec: ModelSpec, training: Training, data_root: str | Path) -> Inputs:
     root = Path(data_root)
     if training.data == SYNTHETIC:
@@ -40,6 +54,7 @@ def open_inputs(spec: ModelSpec, training: Training, data_root: str | Path) -> I
         val = None
         if training.eval:
             val = Shards(shards, "val", spec.seq_len, spec.vocab, training.seed, spec.global_batch)
+            check_eval_samples(training.eval.samples, val.windows, spec.global_batch)
     init = HfWeights(inside(root, training.init), spec) if training.init else None
     resume, start_step = None, 0
     if training.resume:

@@ -128,6 +128,27 @@ def test_a_token_past_the_shards_vocab_is_named_where_it_is_read(root, spec, tmp
     assert max(int(shards.window(i).max()) for i in range(shards.windows)) <= top  # no error at the true vocab
 
 
+def test_evaluation_past_the_val_split_is_refused(root, spec):
+    # It read the first windows again and reported them as more samples.
+    from drover.agent.runtime.inputs import open_inputs
+
+    windows = Shards(root / "shards", "val", spec.seq_len, spec.vocab, 0, spec.global_batch).windows
+    most = windows // spec.global_batch * spec.global_batch
+    assert most > 0
+    for fits in (1, most):
+        training = Training(2, 1, data="shards", eval=Evaluation(every_steps=1, samples=fits))
+        assert open_inputs(spec, training, root).val.windows == windows
+    training = Training(2, 1, data="shards", eval=Evaluation(every_steps=1, samples=most + 1))
+    with pytest.raises(
+        SpecError, match=f"'eval.samples' = {most + 1}: at most {most} \\(the val split holds {windows}"
+    ):
+        open_inputs(spec, training, root)
+    small = replace(spec, global_batch=windows + 1)
+    training = Training(2, 1, data="shards", eval=Evaluation(every_steps=1, samples=1))
+    with pytest.raises(SpecError, match="larger --val-fraction"):
+        open_inputs(small, training, root)
+
+
 def test_a_corpus_without_text_is_refused(root, tmp_path):
     # An empty file made a tokenizer of the bytes alone, below --vocab, and a shard of one
     # end-of-text token, refused only at training time.
