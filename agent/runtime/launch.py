@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from multiprocessing import connection
 from pathlib import Path
 
@@ -146,6 +147,18 @@ def wait_all(procs, tick: Callable[[], None] | None = None) -> None:
             other.join()
 
 
+def reference_eval(model, val, samples: int, spec: ModelSpec, done: int) -> dict:
+    """The validation loss the workers write to eval.jsonl: the first `samples` windows of the
+    val split in whole global batches, batch i read as step i."""
+    batches = -(-samples // spec.global_batch)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(batches):
+            inputs_, targets = val.batch(i, 0, spec.global_batch)
+            total += (loss_sum(model(inputs_), targets) / spec.global_batch).item()
+    return {"step": done, "val_loss": total / batches, "samples": batches * spec.global_batch}
+
+
 def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, data_root: str | Path = ".") -> None:
     """One process, the whole batch at once: what every parallel run must equal
     (the same data, starting weights, clipping by the global norm and schedule)."""
@@ -162,7 +175,11 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
             target = model.embed if part == EMBED else model.head if part == HEAD else model.blocks[part]
             target.load_state_dict(inputs.init.part(part))
     state = {n: AdamW.new_state(p) for n, p in model.named_parameters()}
-    with open(out / "trace.jsonl", "w") as trace:
+    evaluation = training.eval
+    with (
+        open(out / "trace.jsonl", "w") as trace,
+        open(out / "eval.jsonl", "w") if evaluation else nullcontext() as evals,
+    ):
         for step in range(steps):
             started = time.perf_counter()
             inputs_, targets = inputs.train.batch(step, 0, spec.global_batch)
@@ -194,6 +211,9 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
                 )
                 + "\n"
             )
+            done = step + 1
+            if evaluation and (done % evaluation.every_steps == 0 or done == steps):
+                evals.write(json.dumps(reference_eval(model, inputs.val, evaluation.samples, spec, done)) + "\n")
     (out / "migrations.jsonl").write_text("")
     torch.save(model.state_dict(), out / "model.pt")
     (out / "model.json").write_text(json.dumps(model_meta(spec)))

@@ -77,11 +77,15 @@ def test_windows_are_a_pure_function_of_seed_step_sample(root, spec):
 def test_parallel_training_on_shards_equals_the_reference_and_val_loss_falls(root, spec, tmp_path):
     evaluation = Evaluation(every_steps=8, samples=32)
     training = Training(24, 1, Optimizer(lr=1e-3, clip_norm=1.0), data="shards", eval=evaluation)
-    train_reference(spec, replace(training, eval=None), tmp_path / "reference", data_root=root)
+    train_reference(spec, training, tmp_path / "reference", data_root=root)
     train_workers(spec, 4, [(0, DP2_PP2), (12, MIXED_TP)], tmp_path / "run", training, data_root=root)
     assert_matches_reference(tmp_path / "run", tmp_path / "reference")
     evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [8, 16, 24] and evals[0]["samples"] == 32
+    # The reference evaluates the same windows: its validation losses are the parallel run's.
+    expected = [json.loads(line) for line in (tmp_path / "reference" / "eval.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["samples"]) for e in expected] == [(e["step"], e["samples"]) for e in evals]
+    assert np.allclose([e["val_loss"] for e in expected], [e["val_loss"] for e in evals], rtol=1e-5, atol=1e-6)
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] < np.log(spec.vocab)
     assert losses(tmp_path / "run")[-1] < losses(tmp_path / "run")[0]
 
