@@ -12,10 +12,15 @@ plan, a usage mistake) prints one line on stderr and exits 2.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-import click
-import grpc
+# gRPC's C core logs a failed TLS handshake on stderr at INFO unless told otherwise, before the
+# one line main prints for it; read when grpc loads, so set first (an operator's value wins).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import click  # noqa: E402
+import grpc  # noqa: E402
 
 from drover.planner.errors import PlanError, SpecError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import click
+from cryptography import x509
 
 from drover.planner.ports import host_port
 from drover.planner.wire import is_loopback
@@ -41,6 +42,19 @@ insecure_option = click.option(
 )
 
 
+def check_credentials(target: Target, ca: str, token_file: str) -> None:
+    """Refused here, by option: gRPC took a CA file without a certificate, logged C-core lines and
+    reported a control plane that did not answer."""
+    try:
+        x509.load_pem_x509_certificates(target.ca)
+    except ValueError:
+        raise click.BadParameter(
+            f"{ca} holds no PEM certificate: give the cluster's CA (ca.pem of drover certs init)", param_hint="--ca"
+        ) from None
+    if not target.token:
+        raise click.BadParameter(f"{token_file} is empty: give a token drover certs made", param_hint="--token-file")
+
+
 def control_plane_option(command):
     """--control-plane with how to reach it, given to the command as one `address`: a Target."""
 
@@ -71,6 +85,7 @@ def control_plane_option(command):
             )
         else:
             target = Target.from_files(address, ca, token_file)
+            check_credentials(target, ca, token_file)
         return command(*args, address=target, **kwargs)
 
     return with_target

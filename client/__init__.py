@@ -150,16 +150,23 @@ ERRORS = {
 }
 
 
-def error_of(exc: grpc.RpcError) -> DroverError:
+def error_of(exc: grpc.RpcError, plain: bool = False) -> DroverError:
     """The status code's DroverError, once, for every call of both clients. A TLS handshake
-    that failed is Unauthenticated: gRPC reports it as UNAVAILABLE, like a server that is down,
-    but no retry will help until the certificates are right."""
+    that failed, or a `plain` (no TLS) connection closed at once, is Unauthenticated: gRPC
+    reports both as UNAVAILABLE, like a server that is down, but no retry will help until the
+    certificates are right."""
     code, details = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
             "the TLS handshake failed: check that the server serves TLS, that its certificate is signed by "
             f"the CA given (--ca) and names the address dialled ({details[:300]})",
+        )
+    if plain and code == grpc.StatusCode.UNAVAILABLE and "socket closed" in details.lower():
+        return Unauthenticated(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "the control plane closed a connection without TLS: a server started without --insecure serves "
+            f"TLS, so give --ca and --token-file ($DROVER_CA, $DROVER_TOKEN_FILE) instead ({details[:300]})",
         )
     return ERRORS.get(code, DroverError)(code, details)
 
@@ -191,13 +198,13 @@ class Client:
         try:
             return getattr(self.stub, method)(request)
         except grpc.RpcError as exc:
-            raise error_of(exc) from None
+            raise error_of(exc, plain=self.target.ca is None) from None
 
     def _stream(self, method: str, request) -> Iterator:
         try:
             yield from getattr(self.stub, method)(request)
         except grpc.RpcError as exc:
-            raise error_of(exc) from None
+            raise error_of(exc, plain=self.target.ca is None) from None
 
     def _pages(self, method: str, request, items: str) -> list:
         out = []
@@ -320,7 +327,7 @@ class AsyncClient:
         try:
             return await getattr(self.stub, method)(request)
         except grpc.RpcError as exc:
-            raise error_of(exc) from None
+            raise error_of(exc, plain=self.target.ca is None) from None
 
     async def _pages(self, method: str, request, items: str) -> list:
         out = []
@@ -352,7 +359,7 @@ class AsyncClient:
             async for event in self.stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id)):
                 yield Event.of(event)
         except grpc.RpcError as exc:
-            raise error_of(exc) from None
+            raise error_of(exc, plain=self.target.ca is None) from None
 
     async def wait(self, job_id: str, every_s: float = 0.5) -> str:
         """The job's final state (wrap in asyncio.timeout to bound it)."""

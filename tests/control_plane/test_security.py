@@ -17,7 +17,7 @@ from drover.control_plane.identity import make_credentials
 from drover.control_plane.server import start_server, stop_server
 from drover.v1 import agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc, state_pb2
 
-from support import TINY_JOB, ScriptedAgent, eventually
+from support import TINY_JOB, ScriptedAgent, eventually, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +166,29 @@ async def test_a_client_that_does_not_trust_the_servers_certificate_is_unauthent
     with Client(target) as drover, pytest.raises(Unauthenticated) as info:
         await asyncio.to_thread(drover.list)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "TLS handshake failed" in info.value.details()
+
+
+async def test_a_client_without_tls_is_told_the_server_serves_tls(served):
+    # It read "no control plane answered at that address", with the server up.
+    with Client(Target(f"127.0.0.1:{served.port}")) as drover, pytest.raises(Unauthenticated) as info:
+        await asyncio.to_thread(drover.list)
+    assert "closed a connection without TLS" in info.value.details() and "--ca" in info.value.details()
+
+
+async def test_the_cli_refuses_a_ca_file_without_a_certificate_and_an_empty_token(served, certs, tmp_path):
+    (tmp_path / "empty.token").write_text("\n")
+    address = f"127.0.0.1:{served.port}"
+    common = ["job", "list", "--control-plane", address]
+    not_a_ca = await asyncio.to_thread(
+        run_cli, *common, "--ca", str(certs / "admin.token"), "--token-file", str(certs / "admin.token")
+    )
+    assert not_a_ca.returncode == 2 and "--ca" in not_a_ca.stderr and "holds no PEM certificate" in not_a_ca.stderr
+    empty = await asyncio.to_thread(
+        run_cli, *common, "--ca", str(certs / "ca.pem"), "--token-file", str(tmp_path / "empty.token")
+    )
+    assert empty.returncode == 2 and "--token-file" in empty.stderr and "is empty" in empty.stderr
+    for out in (not_a_ca, empty):
+        assert len(out.stderr.splitlines()) == 1, out.stderr  # no gRPC C-core lines either
 
 
 async def test_an_agent_certificate_is_no_client_credential(served, certs):
