@@ -123,7 +123,8 @@ async def start_server(
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     cp.flusher = asyncio.create_task(cp.flush_forever())
     security = "TLS" if tls_dir is not None else "INSECURE"
-    log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, db)
+    where = store.engine.url.render_as_string(hide_password=True)  # logs are shipped and read by many
+    log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, where)
     if metrics_http is not None:
         log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)
     return Served(server, cp, port, agent_port, metrics_port, metrics_http)

@@ -158,14 +158,17 @@ def test_drover_up_against_postgresql(tmp_path, postgres):
     """The control plane on PostgreSQL instead of SQLite: the same run, the same story kept."""
     import psycopg
 
-    database = postgres.database()
+    # With a password (the local server trusts loopback and ignores it): no log or output shows it.
+    database = postgres.database().replace("://postgres@", "://postgres:hunter2@")
     out = tmp_path / "up"
     run = drover_up(TINY_JOB, out, "--db", database, "--straggle", "node-1/0=3@6")
-    assert f"database: {database}" in run.stdout and not (out / "drover.db").exists()
+    assert f"database: {database.replace('hunter2', '***')}" in run.stdout and not (out / "drover.db").exists()
+    assert "hunter2" not in run.stdout + run.stderr + (out / "logs" / "server.log").read_text()
+    assert "postgres:***@" in (out / "logs" / "server.log").read_text()
     kinds = [e["kind"] for e in events_of(out)]
     assert kinds[0] == "job_started" and kinds[-1] == "job_completed" and "plan_committed" in kinds
     steps = load_job(TINY_JOB).steps
-    dsn = database.replace("postgresql+psycopg://", "postgresql://")
+    dsn = database.replace("postgresql+psycopg://", "postgresql://").replace(":hunter2", "")
     with psycopg.connect(dsn) as db:
         (job_id, state, step) = db.execute("SELECT id, state, step FROM jobs").fetchone()
         assert (state, step) == ("completed", steps - 1)
