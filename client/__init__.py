@@ -15,7 +15,8 @@ typed drover.v1 messages (Job, Node, PlanRecord, HistoryPoint, LogLines), and ev
 `Event`s: the kind as an EventKind, its typed payload, and the details as a dict. A failed
 call raises a `DroverError` of the status code's subclass (NotFound, InvalidArgument,
 PermissionDenied, ...), its `details()` the server's message, which names the field, the value
-and what is allowed. TLS and the bearer token come from a `Target`, as for the CLI (which uses
+and what is allowed; a job refused before it is sent (a field JobSpec lacks, a job file that
+cannot be read) raises InvalidArgument too. TLS and the bearer token come from a `Target`, as for the CLI (which uses
 this client).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,8 +76,20 @@ def job_spec(job: str | dict) -> JobSpec:
     return message_from_fields(data, JobSpec())
 
 
+@contextmanager
+def refused_here() -> Iterator[None]:
+    """A job this side cannot even send (a field JobSpec lacks, a model path where the model
+    goes, a job file that cannot be read) is refused as the server refuses one: InvalidArgument,
+    so a caller handles one kind of error."""
+    try:
+        yield
+    except (ValueError, yaml.YAMLError) as exc:  # SpecError and FieldError are ValueErrors
+        raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+
+
 def _submit_request(spec: JobSpec | dict | str, out_dir: str) -> jobs_pb2.SubmitJobRequest:
-    return jobs_pb2.SubmitJobRequest(spec=spec if isinstance(spec, JobSpec) else job_spec(spec), out_dir=out_dir)
+    with refused_here():
+        return jobs_pb2.SubmitJobRequest(spec=spec if isinstance(spec, JobSpec) else job_spec(spec), out_dir=out_dir)
 
 
 @dataclass(frozen=True)
@@ -227,8 +241,9 @@ class Client:
         custom model (drover.cli.models.ModelReader counts its parameters)."""
         from drover.control_plane.jobfile import read_job_file
 
-        fields = read_job_file(path, resume, reader) if reader else read_job_file(path, resume)
-        return self.submit(job_spec(fields), out_dir)
+        with refused_here():
+            fields = read_job_file(path, resume, reader) if reader else read_job_file(path, resume)
+        return self.submit(fields, out_dir)
 
     def get(self, job_id: str) -> jobs_pb2.Job:
         return self._call("GetJob", jobs_pb2.GetJobRequest(job_id=job_id))

@@ -50,6 +50,15 @@ def test_errors_come_as_the_status_codes_exceptions_with_the_servers_words(drove
         assert isinstance(missing.value, grpc.RpcError)  # what code catching grpc's errors expects
         with pytest.raises(InvalidArgument, match="steps"):
             drover.submit(job_spec(TINY_JOB.replace("steps: 30", "steps: -1")))
+        # Refused before it is sent, as the server refuses: InvalidArgument, not a ValueError.
+        with pytest.raises(InvalidArgument, match="stepz"):
+            drover.submit({"stepz": 1})
+        with pytest.raises(InvalidArgument, match="a mapping"):
+            drover.submit("steps: 3\nmodel: ../models/tiny.yaml\n")  # the model must be inline
+        with pytest.raises(InvalidArgument, match="no-such-job.yaml"):
+            drover.submit_file("no-such-job.yaml")
+        with pytest.raises(InvalidArgument):
+            drover.submit("steps: [3\n")
         with pytest.raises(FailedPrecondition, match="start agents first"):
             drover.submit(job_spec(TINY_JOB))  # no agent yet
         drover_agent("node-0")
