@@ -60,6 +60,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
         self._heard_from: dict[str, float] = {}  # node -> when its stream last brought a message (monotonic)
+        self.last_seen: dict[str, float] = {}  # node -> the same, wall clock, not yet written (Node.last_seen)
         self._handling: dict[str, int] = {}  # node -> its messages being handled now (its later ones wait)
         self.pending: list[str] = []  # jobs waiting for devices, oldest first
         self.closing = False
@@ -161,14 +162,20 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
     async def flush(self) -> None:
         steps = {j.id: j.step for j in self.jobs.values() if self._saved_steps.get(j.id) != j.step}
         progress = {j.id: j.progress for j in self.jobs.values() if self._saved_progress.get(j.id) is not j.progress}
+        seen, self.last_seen = self.last_seen, {}
 
         def save(session):
+            queries.set_last_seen(session, seen)
             for job_id, step in steps.items():
                 queries.get_job(session, job_id).step = step
             for job_id, figures in progress.items():
                 queries.set_progress(session, job_id, figures)
 
         with self.metrics.flush_time.time():
-            await self.store.flush_samples(also=save if steps or progress else None)
+            try:
+                await self.store.flush_samples(also=save if steps or progress or seen else None)
+            except Exception:
+                self.last_seen = seen | self.last_seen  # written with the next flush
+                raise
         self._saved_steps.update(steps)  # only once they are stored: a failed flush retries them
         self._saved_progress.update(progress)

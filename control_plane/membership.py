@@ -74,6 +74,7 @@ class Membership:
         """A message of the node's stream is being handled (started) or was (not): the node
         is heard, and not silent while its next messages wait for this one."""
         self._heard_from[node] = time.monotonic()
+        self.last_seen[node] = time.time()
         self._handling[node] = self._handling.get(node, 0) + (1 if started else -1)
 
     def _silent(self, node: str, now: float) -> bool:

@@ -7,7 +7,7 @@ import json
 import statistics
 import time
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from .models import Device, Event, HistoryPoint, Job, JobProgress, Link, Nic, Node, Plan, TelemetrySample
@@ -85,6 +85,15 @@ def set_connected(session: Session, name: str, connected: bool) -> None:
     node = session.get(Node, name)
     if node is not None:
         node.connected, node.last_seen = connected, time.time()
+
+
+def set_last_seen(session: Session, seen: dict[str, float]) -> None:
+    """When each node's stream last brought a message (a later time stored, as a disconnect's,
+    stays): one executemany, for every node heard since the last flush."""
+    if seen:
+        table = Node.__table__  # Core: the ORM's executemany updates by primary key only
+        newer = update(table).where(table.c.name == bindparam("n"), table.c.last_seen < bindparam("t"))
+        session.execute(newer.values(last_seen=bindparam("t")), [{"n": n, "t": t} for n, t in seen.items()])
 
 
 def _get(session: Session, model, key, kind: str, shown: str):

@@ -238,6 +238,25 @@ async def test_bad_hello_rejected_and_nothing_kept(plane, hello, fragment):
     assert [n.name for n in (await jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes] == ["node-0"]
 
 
+async def test_a_nodes_last_seen_follows_its_messages(plane):
+    # It stayed at the hello's time while the node streamed telemetry for minutes.
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+
+    async def last_seen() -> float:
+        return (await plane.jobs.ListNodes(jobs_pb2.ListNodesRequest())).nodes[0].last_seen
+
+    at_hello = await last_seen()
+    await asyncio.sleep(0.3)
+    agent.send(telemetry=agent_pb2.Telemetry(time=time.time()))
+
+    async def moved() -> float:
+        seen = await last_seen()
+        return seen if seen > at_hello + 0.25 else 0.0
+
+    assert await eventually(moved, timeout_s=5, what="last_seen past the hello") <= time.time()
+
+
 async def test_wrong_generation_rejected(plane):
     jobs = plane.jobs
     agent = plane.agent("node-0")
