@@ -17,7 +17,7 @@ import click
 from drover.client import Client
 from drover.planner.wire import job_state_name
 
-from .client import connect, jobs_pb2, to_json
+from .client import connect, jobs_pb2, to_dict, to_json
 from .models import ModelReader
 from .options import control_plane_option, json_option
 from .render import progress_line, table
@@ -79,7 +79,10 @@ def job_submit(job_file: str, out_dir: str, resume: str | None, wait: bool, addr
     """Submit a job file (model, steps, data, optimizer, checkpoint...; docs/jobs.md)."""
     with connect(address) as client:
         submitted = client.submit_file(Path(job_file), out_dir, resume, ModelReader())
-        _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
+        if as_json and wait:  # JSON Lines throughout: the job on one line, then its events
+            click.echo(json.dumps(to_dict(submitted)))
+        else:
+            _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
         if wait:
             _watch(client, submitted.id, as_json)
 
@@ -125,9 +128,9 @@ def _watch(client: Client, job_id: str, as_json: bool) -> None:
 def _follow(client: Client, job_id: str, as_json: bool) -> None:
     events = client.watch(job_id)
     if as_json:
-        for event in events:  # the Event message's JSON form, as before the client
+        for event in events:  # JSON Lines (docs/cli.md): the details an object, not JSON in a string
             fields = {"time": event.time, "step": event.step, "job_id": event.job_id, "kind": event.kind}
-            click.echo(json.dumps(fields | {"details_json": json.dumps(event.details)}))
+            click.echo(json.dumps(fields | {"details": event.details}))
         return
     from rich.console import Console
     from rich.live import Live

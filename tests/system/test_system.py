@@ -437,12 +437,15 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     lines = run_cli(c, "job", "watch", job_id, "--json").stdout.splitlines()
     events = [json.loads(line) for line in lines]
     assert events[0]["kind"] == "job_started" and events[-1]["kind"] == "job_completed"
-    assert json.loads(events[0]["details_json"])["devices"] == ["node-0/0", "node-0/1"]
+    assert events[0]["details"]["devices"] == ["node-0/0", "node-0/1"] and events[0]["step"] == 0
     listed = json.loads(run_cli(c, "job", "list", "--json").stdout)["jobs"]
     assert [(j["id"], j["state"]) for j in listed] == [(job_id, "JOB_STATE_COMPLETED")]
     assert "completed" in run_cli(c, "job", "status", job_id).stdout
     waited = run_cli(c, "job", "submit", str(job_file), "--out", "again", "--wait")
     assert waited.returncode == 0 and "job_completed" in waited.stdout
+    waited = run_cli(c, "job", "submit", str(job_file), "--out", "thrice", "--wait", "--json")
+    job, *events = [json.loads(line) for line in waited.stdout.splitlines()]  # JSON Lines, every line
+    assert waited.returncode == 0 and job["out_dir"] == "thrice" and events[-1]["kind"] == "job_completed"
     nodes = json.loads(run_cli(c, "nodes", "--json").stdout)["nodes"]
     assert nodes[0]["name"] == "node-0" and nodes[0]["devices"] == ["node-0/0", "node-0/1"]
     history = json.loads(run_cli(c, "plan", "history", job_id, "--json").stdout)["plans"]
