@@ -43,6 +43,7 @@ class Served:
     agent_port: int  # the agent stream's
     metrics_port: int = 0  # /metrics's, when served
     metrics_http: object = None
+    agent_server: grpc.aio.Server | None = None  # the agent port's, when it is a port of its own
 
 
 def _credentials(tls_dir: Path, agents: bool) -> grpc.ServerCredentials:
@@ -83,30 +84,30 @@ async def start_server(
     cp = ControlPlane(store, **options)
     try:
         await cp.recover()
+        # With a port of their own, agents reach only the agent stream there and clients only the
+        # job service, health and reflection on theirs; insecure on one port, all of them.
         server = grpc.aio.server(options=STREAM_OPTIONS + SERVER_LIMITS)
-        register(
-            server, AgentService(cp, auth, max_agent_streams), agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
-        )
-        register(server, JobService(cp, auth, emulation), jobs_pb2.DESCRIPTOR.services_by_name["JobService"])
+        agent_server = grpc.aio.server(options=STREAM_OPTIONS + SERVER_LIMITS) if agent_address else server
+        agent_service = agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
+        job_service = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
+        register(agent_server, AgentService(cp, auth, max_agent_streams), agent_service)
+        register(server, JobService(cp, auth, emulation), job_service)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = [
-            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-            jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-        ]
-        reflection.enable_server_reflection(names, server)
+        served_names = [job_service.full_name] + ([] if agent_address else [agent_service.full_name])
+        reflection.enable_server_reflection(served_names + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         try:
             if tls_dir is None:
                 port = server.add_insecure_port(address)
-                agent_port = server.add_insecure_port(agent_address) if agent_address else port
+                agent_port = agent_server.add_insecure_port(agent_address) if agent_address else port
             else:
                 port = server.add_secure_port(address, _credentials(Path(tls_dir), agents=False))
-                agent_port = server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
+                agent_port = agent_server.add_secure_port(agent_address, _credentials(Path(tls_dir), agents=True))
         except RuntimeError as exc:
             raise StartError(f"cannot listen on {address} or {agent_address}: {exc} (another server?)") from None
         await server.start()
+        if agent_server is not server:
+            await agent_server.start()
         cp.metrics.attach(cp, asyncio.get_running_loop())
         metrics_http, metrics_port = None, 0
         if metrics_address:
@@ -114,12 +115,12 @@ async def start_server(
             try:
                 metrics_http, metrics_port = serve_metrics(metrics_address, cp.metrics.registry, tls)
             except MetricsError:
-                await server.stop(grace=None)
+                await asyncio.gather(server.stop(grace=None), agent_server.stop(grace=None))
                 raise
     except BaseException:
         await cp.close()  # the database and its lock are let go
         raise
-    for name in names[:2] + [""]:
+    for name in served_names + [""]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     cp.flusher = asyncio.create_task(cp.flush_forever())
     security = "TLS" if tls_dir is not None else "INSECURE"
@@ -127,14 +128,15 @@ async def start_server(
     log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, where)
     if metrics_http is not None:
         log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)
-    return Served(server, cp, port, agent_port, metrics_port, metrics_http)
+    return Served(server, cp, port, agent_port, metrics_port, metrics_http, agent_server)
 
 
 async def stop_server(served: Served) -> None:
     try:
         if served.metrics_http is not None:
             await asyncio.to_thread(stop_metrics, served.metrics_http)
-        await served.server.stop(grace=1)
+        servers = [served.server] + [s for s in [served.agent_server] if s not in (None, served.server)]
+        await asyncio.gather(*(s.stop(grace=1) for s in servers))
     finally:
         # Always: on SIGTERM gRPC's stop raised CancelledError, so the buffered telemetry was
         # never written nor the database closed (and a node's give-up task died pending).

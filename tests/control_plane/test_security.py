@@ -191,10 +191,22 @@ async def test_the_cli_refuses_a_ca_file_without_a_certificate_and_an_empty_toke
         assert len(out.stderr.splitlines()) == 1, out.stderr  # no gRPC C-core lines either
 
 
-async def test_an_agent_certificate_is_no_client_credential(served, certs):
-    channel = grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", agent_credentials(certs, "node-0"))
-    stub = jobs_pb2_grpc.JobServiceStub(channel)
-    assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
+async def test_each_port_serves_only_its_own_services(served, certs):
+    # A node's certificate and an admin token reached the job service on the agent port, and the
+    # client port's health and reflection named the agent service.
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    admin = grpc.access_token_call_credentials(token_of(certs, "admin"))
+    node = grpc.composite_channel_credentials(agent_credentials(certs, "node-0"), admin)
+    on_agent_port = jobs_pb2_grpc.JobServiceStub(grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", node))
+    assert await code_of(on_agent_port.ListNodes(jobs_pb2.ListNodesRequest())) == grpc.StatusCode.UNIMPLEMENTED
+    tls = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+    health = health_pb2_grpc.HealthStub(grpc.aio.secure_channel(f"127.0.0.1:{served.port}", tls))
+    agents = health_pb2.HealthCheckRequest(service="drover.v1.AgentService")
+    assert await code_of(health.Check(agents)) == grpc.StatusCode.NOT_FOUND
+    jobs = health_pb2.HealthCheckRequest(service="drover.v1.JobService")
+    assert (await health.Check(jobs)).status == health_pb2.HealthCheckResponse.SERVING
+    assert await code_of(client(served, certs).ListJobs(jobs_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_a_node_certificate_cannot_pose_as_the_control_plane(tmp_path, certs):
