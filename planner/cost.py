@@ -346,6 +346,11 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     for d in used:
         if devices[d].failed:
             raise PlanError("failed-device-used", f"device {d!r} has failed (rate inf) but is in a stage")
+    for d in plan.removed:  # rule 1: a failed device may not appear in a plan at all
+        if devices[d].failed:
+            raise PlanError(
+                "failed-device-used", f"device {d!r} has failed (rate inf) and may not be in 'removed' either"
+            )
     twice = [d for d, c in Counter(used + list(plan.removed)).items() if c > 1]
     if twice:
         raise PlanError("device-used-twice", f"device {twice[0]!r} appears more than once in the plan")
@@ -373,6 +378,8 @@ def validate(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
                     f"{where} has {len(s.devices)} devices; its TP size must divide heads "
                     f"({model.heads}), ffn_hidden ({model.ffn_hidden}) and kv_heads ({model.kv_heads}){splits}",
                 )
+            if s.layers[0] < 0:  # not an overlap: no stage comes before the first
+                raise PlanError("layers-out-of-range", f"{where} starts at block {s.layers[0]}; blocks are [0, {L})")
             if s.n < 1:
                 raise PlanError("empty-stage", f"{where} layers {list(s.layers)} hold no block (n must be >= 1)")
             if s.layers[0] > expected:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
-from .spec_io import Fields, load_mapping
+from .spec_io import MAX_INTEGER, Fields, load_mapping
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,11 @@ def plan_from_dict(data: dict, source: str = "plan") -> Plan:
             if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
                 raise s.error("layers", layers, "[start, end], two integers (half-open block range)")
             stages.append(Stage(tuple(devices), (layers[0], layers[1])))
-        pipelines.append(Pipeline(p.integer("micro_batches", minimum=-(2**63)), tuple(stages)))
+        micro = p.get("micro_batches")
+        # Any integer parses (validate names rule 4 for one below 1); anything else is no count.
+        if isinstance(micro, bool) or not isinstance(micro, int) or abs(micro) > MAX_INTEGER:
+            raise p.error("micro_batches", micro, "an integer >= 1 (rule 4: each pipeline's share of M)")
+        pipelines.append(Pipeline(micro, tuple(stages)))
     removed = f.items("removed", [])
     if not all(isinstance(d, str) for d in removed):
         raise f.error("removed", removed, "a list of device ids NODE/INDEX")

@@ -4,6 +4,7 @@ errors for bad cluster, model and plan files."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -135,6 +136,17 @@ def tiny():
         (
             {
                 "pipelines": [
+                    {
+                        "micro_batches": 8,
+                        "stages": [{"devices": ["n0/0"], "layers": [-1, 2]}, {"devices": ["n0/1"], "layers": [2, 4]}],
+                    }
+                ]
+            },
+            "layers-out-of-range",
+        ),
+        (
+            {
+                "pipelines": [
                     {"micro_batches": 8, "stages": [{"devices": ["n0/0"], "layers": [0, 4]}]},
                     {"micro_batches": 0, "stages": [{"devices": ["n0/1"], "layers": [0, 4]}]},
                 ]
@@ -144,10 +156,29 @@ def tiny():
     ],
 )
 def test_more_rules_named(tiny, change, rule):
+    # (a first stage from block -1 read as an overlap with a previous stage there is not)
     cluster, model = tiny
     with pytest.raises(PlanError) as info:
         validate(plan_from_dict(_small_plan(**change)), cluster, model)
     assert info.value.rule == rule
+
+
+def test_a_failed_device_may_not_be_listed_as_removed_either(tiny):
+    # Rule 1: a failed device appears nowhere in a plan; plan check took one in 'removed'.
+    cluster, model = tiny
+    failed = cluster.with_rates({"n0/3": math.inf})
+    with pytest.raises(PlanError, match="'n0/3' has failed.*'removed'") as info:
+        validate(plan_from_dict(_small_plan()), failed, model)
+    assert info.value.rule == "failed-device-used"
+    validate(plan_from_dict(_small_plan(removed=["n0/2"])), failed, model)
+
+
+@pytest.mark.parametrize("count", [12.5, "8", True, None])
+def test_a_micro_batch_count_that_is_no_integer_says_at_least_one(count):
+    # It stated the parser's bound, "an integer >= -9223372036854775808".
+    pipeline = {"micro_batches": count, "stages": [{"devices": ["n0/0"], "layers": [0, 4]}]}
+    with pytest.raises(SpecError, match=r"'pipelines\[0\].micro_batches' = .*: an integer >= 1 \(rule 4"):
+        plan_from_dict(_small_plan(pipelines=[pipeline]))
 
 
 def test_small_valid_plan_passes(tiny):
