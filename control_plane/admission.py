@@ -12,6 +12,7 @@ import time
 from pathlib import PurePosixPath
 
 from drover.planner import PlanError, SpecError, make_plan
+from drover.planner.cluster import MAX_RATE
 from drover.planner.errors import quote
 from drover.planner.ports import free_port
 from drover.planner.wire import is_loopback_host, plan_to_proto
@@ -264,8 +265,8 @@ class Admission:
         return await version
 
     async def straggle(self, device: str, rate: float, from_step: int) -> str:
-        if not (math.isfinite(rate) and rate >= 1.0):
-            raise InvalidArgument(f"rate = {rate!r}: a finite number >= 1.0 (1.0 restores the device)")
+        if not (math.isfinite(rate) and 1.0 <= rate <= MAX_RATE):
+            raise InvalidArgument(f"rate = {rate!r}: a number >= 1.0 and <= {MAX_RATE:g} (1.0 restores the device)")
         row = await self.store.query(lambda s: queries.get_device(s, device))  # from_step >= 0: check_bounds
         if row.node not in self.outboxes:
             raise FailedPrecondition(f"node {row.node} of {device} is not connected")

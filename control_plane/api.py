@@ -324,15 +324,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         ranks = json.loads(job.ranks_json)
         running = self.cp.jobs.get(job.id)
         nodes = sorted({d.split("/")[0] for d in ranks} | (running.former_nodes if running else set()))
+        # Unknown ids are NOT_FOUND, as the service's comment says: a node the job never ran on, a
+        # device of none of its ranks (a node a recovery left out keeps any of its devices).
         if request.node:
             if request.node not in nodes:
-                raise InvalidArgument(f"node = {request.node[:80]!r}: {job.id} ran on {', '.join(nodes)}")
+                raise NotFound("node", request.node[:80], f"{job.id} ran on {', '.join(nodes)}")
             nodes = [request.node]
         if request.device:
             node = request.device.split("/")[0]
-            if node not in nodes or (request.node and node != request.node):
-                where = ", ".join(nodes)
-                raise InvalidArgument(f"device = {request.device[:80]!r}: not a device of {job.id} on {where}")
+            former = running.former_nodes if running else set()
+            if node not in nodes or (request.device not in ranks and node not in former):
+                where = ", ".join(sorted(d for d in ranks if d.split("/")[0] in nodes)) or ", ".join(nodes)
+                raise NotFound("device", request.device[:80], f"{job.id} ran on {where}")
             nodes = [node]
         if request.tail_bytes > MAX_TAIL_BYTES:
             raise InvalidArgument(f"tail_bytes = {request.tail_bytes}: at most {MAX_TAIL_BYTES}")

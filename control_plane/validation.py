@@ -100,9 +100,13 @@ def _check_value(field, value, where: str) -> None:
             names = ", ".join(v.name for v in field.enum_type.values)
             raise InvalidArgument(f"{where} = {value}: one of {names}")
     elif field.type != FieldDescriptor.TYPE_BOOL:
+        # Only the bound broken: a field's own check (steps >= 1, ...) states its whole range, and
+        # two ranges for one field read as a contradiction.
         limit = MAX_INTEGER_OF.get(field.name, MAX_NUMBER)
-        if not 0 <= value <= limit:
-            raise InvalidArgument(f"{where} = {value}: an integer >= 0 and <= {int(limit)}")
+        if value < 0:
+            raise InvalidArgument(f"{where} = {value}: not negative")
+        if value > limit:
+            raise InvalidArgument(f"{where} = {value}: at most {int(limit)}")
 
 
 def check_out_dir(out_dir: str) -> str:

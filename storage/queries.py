@@ -16,9 +16,9 @@ from .models import Device, Event, HistoryPoint, Job, JobProgress, Link, Nic, No
 class NotFound(LookupError):
     """An id that names nothing stored; the servers map it to NOT_FOUND."""
 
-    def __init__(self, kind: str, value: str):
+    def __init__(self, kind: str, value: str, known: str = ""):
         self.kind, self.value = kind, value
-        super().__init__(f"unknown {kind} {value!r}")
+        super().__init__(f"unknown {kind} {value!r}" + (f": {known}" if known else ""))
 
 
 def upsert_node(

@@ -161,6 +161,14 @@ async def test_preconditions_and_bad_values(plane):
     await plane.connected(1)
     code, details = await code_of(jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=0.5)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "rate" in details
+    # The wire's bound states only the bound broken: it said ">= 0", and the job's check ">= 1".
+    spec = job_spec(JOB)
+    spec.steps = (1 << 40) + 1
+    code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.endswith("= 1099511627777: at most 1099511627776")
+    # The bound of cluster files and the detector (1e6): 1e11 was taken.
+    code, details = await code_of(jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=1e11)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "<= 1e+06" in details
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,15 @@ def test_a_bad_optimizer_or_schedule_is_refused_naming_the_field(extra, field):
     assert info.value.field == field and info.value.source == "job_yaml"
 
 
+@pytest.mark.parametrize("name", ["two\nlines", "bell\a", "esc\x1b[2J"])
+def test_a_job_name_is_printable(name):
+    # A newline forged a row of drover job list and a line of the server's log.
+    with pytest.raises(SpecError) as info:
+        job_from_wire(json.dumps({"model": MODEL, "steps": 2, "name": name}))
+    assert info.value.field == "name" and "printable" in str(info.value)
+    assert job_from_wire(json.dumps({"model": MODEL, "steps": 2, "name": "run 7: lr=3e-4"})).name == "run 7: lr=3e-4"
+
+
 def test_steps_zero_in_a_job_spec_message_is_named_as_zero():
     spec = job_spec({"model": MODEL, "steps": 1})
     spec.steps = 0  # which proto3 leaves out of the message

@@ -80,4 +80,9 @@ def test_job_logs_returns_a_workers_traceback_from_another_nodes_agent(tmp_path)
         )
         assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
         unknown = logs(c, job.id, "--node", "node-7")
-        assert unknown.returncode == 2 and "node = 'node-7'" in unknown.stderr and "node-0, node-1" in unknown.stderr
+        assert unknown.returncode == 1 and "NOT_FOUND: unknown node 'node-7'" in unknown.stderr
+        assert "node-0, node-1" in unknown.stderr
+        # A device of a node of the job that is none of its devices was an empty answer.
+        unknown = logs(c, job.id, "--worker", "node-0/9")
+        assert unknown.returncode == 1 and "NOT_FOUND: unknown device 'node-0/9'" in unknown.stderr
+        assert "node-0/0, node-0/1" in unknown.stderr

@@ -175,7 +175,9 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Replan(self, request, context):
-        """Plan now, whatever the detector thinks; the plan becomes the next version.
+        """Plan now, whatever the detector thinks, for the rates measured now; the plan
+        becomes the next version. Devices idle in the current plan have no rate
+        measured and count as healthy again (the detector finds them anew if not).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
