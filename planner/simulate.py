@@ -322,15 +322,16 @@ def _run_drover(world: _World) -> StrategyRun:
         truth, known = world.truth(step), world.known(step)
         happened = [e for e in world.happened_at(step) if world.delay(e) > 0]
         notes = [f"{e.describe()} ({_detection_note(e.step + world.delay(e), world.steps)})" for e in happened]
+        detected = _describe(world.detected_at(step)) if plan is None or step in detections else ""
         try:
             if plan is None:  # planned on what it knows at the start: nothing to migrate from
                 plan = make_plan(known, model, "drover")
-                notes.append(_describe(world.detected_at(step)))
+                notes.append(detected)
             elif step in detections:
                 plan, decision = _reconsider(plan, known, world, remaining=world.steps - step, run=run)
-                notes.append(f"{_describe(world.detected_at(step))}: {decision}")
-        except PlanError as err:
-            run.stop(step, "; ".join([n for n in notes if n]) or "start", err)
+                notes.append(f"{detected}: {decision}")
+        except PlanError as err:  # what was detected, not "start": a failure can leave no plan
+            run.stop(step, "; ".join([n for n in notes + [detected] if n]) or "start", err)
             break
         run.train(step, end, "; ".join([n for n in notes if n]) or "start", plan, truth, model)
     return run
@@ -354,6 +355,8 @@ def _reconsider(plan: Plan, known: Cluster, world: _World, remaining: int, run: 
     if gain > migration:
         run.switch(migration)
         return candidate, f"replanned, saving {gain:.3g} s for {migration:.3g} s of migration"
+    if gain <= 0:
+        return plan, "kept plan: no faster plan for what is known"
     return plan, f"kept plan: saving {gain:.3g} s over {remaining} steps < {migration:.3g} s of migration"
 
 

@@ -259,8 +259,18 @@ def test_a_strategy_left_without_a_plan_stops_and_the_others_go_on(model):
         assert run.timeline[-1].step_time_s is None and "no plan fits" in run.timeline[-1].event
         assert f"strategy '{name}'" in run.timeline[-1].event
         assert run.to_dict()["stopped_at"] == 5
-    # Drover cannot plan around the failure either: it stops at the same step.
+    # Drover cannot plan around the failure either: it stops at the same step, and says which
+    # failure stopped it (its timeline said "start").
     assert (runs["drover"].stopped_at, runs["drover"].trained_steps) == (5, 5)
+    assert runs["drover"].timeline[-1].event.startswith("node-1/0 fails; no plan fits")
+
+
+def test_a_replan_with_nothing_to_gain_says_so(model):
+    # It read "saving 0 s over 87 steps < 0 s of migration".
+    both_slow = events(RateChange(5, "node-0/0", 2.0), RateChange(5, "node-1/0", 2.0))
+    runs = by_strategy(simulate(two_gpus(), needs_both(model), both_slow, 20))
+    decisions = [e.event for e in runs["drover"].timeline if "kept plan" in e.event]
+    assert decisions and all("no faster plan" in d for d in decisions)
 
 
 def test_with_no_plan_at_all_simulate_raises_the_planners_error(model):
