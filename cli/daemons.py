@@ -42,6 +42,19 @@ def lower_priority(by: int) -> None:
             pass  # that thread has ended
 
 
+# Set by drover up (LocalCluster) to its own pid: a daemon whose parent is gone stops as on SIGTERM.
+# A drover up killed outright (SIGKILL) left its server, agents and their workers training with
+# parent 1, and the server holding OUT's database against the next run.
+STOP_WITH_PARENT = "DROVER_STOP_WITH_PARENT"
+
+
+async def _stop_when_orphaned(parent: int, stop, every_s: float = 1.0) -> None:
+    while os.getppid() == parent:
+        await asyncio.sleep(every_s)
+    logging.getLogger("drover").warning("the process that started this one (pid %d) is gone: stopping", parent)
+    stop()
+
+
 def run_until_stopped(main) -> None:
     """Run a daemon's coroutine at lowered CPU priority until SIGTERM or SIGINT, then let it
     clean up. Telemetry can wait a few milliseconds; a training step that waits for a daemon
@@ -61,6 +74,9 @@ def run_until_stopped(main) -> None:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop)
+        parent = os.environ.get(STOP_WITH_PARENT)
+        if parent:
+            watcher = loop.create_task(_stop_when_orphaned(int(parent), stop))  # noqa: F841 (held by the loop)
         try:
             await main
         except asyncio.CancelledError:

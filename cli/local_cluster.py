@@ -17,6 +17,7 @@ from drover.control_plane.identity import make_credentials
 from drover.planner.ports import free_port
 
 from .client import Target, connect, jobs_pb2, submit_job
+from .daemons import STOP_WITH_PARENT
 
 DROVER = [sys.executable, "-m", "drover.cli"]
 
@@ -213,6 +214,7 @@ class LocalCluster:
     ) -> subprocess.Popen:
         log = open(self.logs / log_name, log_mode)
         self._log_files.append(log)
+        env = {**(os.environ if env is None else env), STOP_WITH_PARENT: str(os.getpid())}  # gone with us
         return subprocess.Popen(
             [*prefix, *DROVER, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group, env=env
         )

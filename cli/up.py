@@ -233,6 +233,15 @@ def up(
                 database=database,
             )
         )
+        # A run killed outright (SIGKILL) cancelled nothing: its job is still running or pending in
+        # OUT's database, waiting for nodes, and holds OUT against this run's job. This run's
+        # server holds the database alone, so no other run will ever continue it.
+        for stale in cluster.client.list():
+            if job_state_name(stale.state) in ("running", "pending"):
+                cluster.client.cancel(stale.id)
+                click.echo(
+                    f"cancelled {stale.id}, left {job_state_name(stale.state)} by an earlier run that was killed"
+                )
         submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
         # Ended with the run, however it ends (Ctrl-C, an error): a job left running in OUT's
         # database would hold OUT against the next run's job.

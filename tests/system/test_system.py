@@ -294,6 +294,35 @@ def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     assert sqlite3.connect(out / "drover.db").execute("select state from jobs").fetchall() == [("cancelled",)]
 
 
+def test_sigkill_to_drover_up_stops_its_processes_too(tmp_path):
+    # Killed outright, drover up cleaned up nothing: its server, agents and workers trained on
+    # with parent 1, and the server held OUT's database against the next run.
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
+    out = tmp_path / "out"
+    up = subprocess.Popen(DROVER + ["up", "--job", str(job), "--out", str(out)], stdout=subprocess.DEVNULL, cwd=ROOT)
+    tree: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while not (out / "trace.jsonl").exists() or not (out / "trace.jsonl").read_text():
+            assert up.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        tree = descendants(up.pid)
+        assert len(tree) >= 1 + 2 + 4  # the server, the agents and the workers
+        up.kill()
+        up.wait(timeout=10)
+        deadline = time.time() + 20
+        while [p for p in tree if running(p)] and time.time() < deadline:
+            time.sleep(0.2)
+        assert [p for p in tree if running(p)] == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in tree:  # never left running by a failed test
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def running(pid: int) -> bool:
     """Alive: exists and is not a zombie (an exited process its new parent has not reaped)."""
     try:
