@@ -218,6 +218,42 @@ def test_finalists_keep_a_place_for_every_set_of_nodes():
     assert names(search.finalists(found, 3, 3)) == ["a", "b", "c", "d", "e"]
 
 
+def test_sets_of_nodes_far_behind_after_round_one_are_searched_no_further(monkeypatch):
+    """Three kinds of GPU and an Ethernet-only node: four sets of nodes left out. The sets more
+    than SET_REACH behind after round one took rounds two and three for nothing (six kinds at
+    1,024 GPUs: 4 s); the plan is the one a search of every set finds."""
+    kinds = [("H100", 989, 80), ("A100", 312, 80), ("V100", 125, 32)]
+    nodes = [
+        {"name": f"n{i}", "gpu": {"name": kinds[i % 3][0], "tflops": kinds[i % 3][1], "memory_gib": kinds[i % 3][2]}}
+        for i in range(6)
+    ]
+    nodes[5]["nics"] = []  # Ethernet-only
+    cluster = cluster_from_dict(
+        {
+            "name": "kinds",
+            "nodes": nodes,
+            "rates": {"n0/3": 3.0},
+            "defaults": {
+                "gpus": 4,
+                "intra_gbps": 2400,
+                "ethernet_gbps": 25,
+                "nics": [{"type": "infiniband", "gbps": 200, "count": 4}],
+            },
+        }
+    )
+    model = make_model("gpt-1b", global_batch=256)
+    assert len(search.weaker_nodes(cluster)) == 4
+    scored = []
+    layout = search._layout
+    monkeypatch.setattr(search, "_layout", lambda *a, **k: scored.append(1) or layout(*a, **k))
+    pruned = make_plan(cluster, model)
+    pruned_layouts, scored[:] = len(scored), []
+    monkeypatch.setattr(search, "SET_REACH", float("inf"))
+    every = make_plan(cluster, model)
+    assert pruned.predicted.step_time_s == every.predicted.step_time_s
+    assert pruned_layouts < len(scored)  # the H100 nodes alone: 31% less FLOP/s, far behind
+
+
 def test_ethernet_only_nodes_are_left_out_together():
     assert search.weaker_nodes(make_cluster("one-ethernet")) == [frozenset(), frozenset({7})]
     assert search.weaker_nodes(make_cluster("ib-ethernet")) == [frozenset(), frozenset({1, 3})]
