@@ -135,7 +135,7 @@ def _follow(client: Client, job_id: str, as_json: bool) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
+    console = Console(soft_wrap=True)  # an event a line, piped too: a pipe's 80 columns cut them in pieces
     arrived: queue.Queue = queue.Queue()
 
     def pump():  # the stream blocks; the progress line is refreshed meanwhile

@@ -463,6 +463,8 @@ def test_cli_against_a_live_control_plane(local_cluster, tmp_path):
     job_id = json.loads(submitted.stdout)["id"]
     watched = run_cli(c, "job", "watch", job_id)
     assert watched.returncode == 0 and "job_completed" in watched.stdout  # exit 0: completed
+    started = [line for line in watched.stdout.splitlines() if "job_started" in line]
+    assert len(started) == 1 and len(started[0]) > 80 and started[0].rstrip().endswith("}")  # not cut at 80
     lines = run_cli(c, "job", "watch", job_id, "--json").stdout.splitlines()
     events = [json.loads(line) for line in lines]
     assert events[0]["kind"] == "job_started" and events[-1]["kind"] == "job_completed"
