@@ -208,10 +208,14 @@ class Agent:
             call = stub.Connect(requests())
             ticker = asyncio.create_task(self._tick_forever(outbox))
             try:
+                # Sent once the control plane has taken the hello (a server before that sent it with
+                # its first message, which is then when this returns): logged "connected" at the first
+                # job's start, an idle agent looked as if it never connected.
+                await call.initial_metadata()
+                if not call.done():  # (a refused hello ends the call with no metadata)
+                    self.connected, self.connections = True, self.connections + 1
+                    log.info("connected to the control plane at %s", self.address, extra={"event": "connected"})
                 async for message in call:
-                    if not self.connected:  # the control plane answered: the stream is up
-                        self.connected, self.connections = True, self.connections + 1
-                        log.info("connected to the control plane at %s", self.address, extra={"event": "connected"})
                     await self._apply(message)
             finally:
                 self.connected = False

@@ -222,6 +222,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if certified is not None and node != certified:
             raise PermissionDenied(f"hello.node = {node[:80]!r}: this agent's certificate is for {certified!r}")
         outbox = await self.cp.hello(first.hello, _peer_host(context.peer()))  # the node's stream from now on
+        await context.send_initial_metadata(())  # the hello is taken: the agent knows it is connected
         reader = asyncio.create_task(self._read(node, requests))
         getter = None
         try:

@@ -4,10 +4,13 @@ roots, and a job that cannot start here fails alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from drover.agent.supervisor import FailedHere, inside
+
+from support import eventually
 
 
 def test_inside_keeps_paths_in_their_root(tmp_path):
@@ -144,3 +147,20 @@ async def test_an_agent_whose_node_another_agent_took_over_stops(plane):
     plane.agent("node-0")  # another process saying hello as node-0
     with pytest.raises(AgentReplaced, match="another agent now serves node node-0"):
         await asyncio.wait_for(running, 10)
+
+
+async def test_an_idle_agent_knows_it_is_connected_once_its_hello_is_taken(plane):
+    # It logged "connected" (and /metrics said so) only at its first job's start.
+    from drover.agent.daemon import Agent
+
+    agent = Agent(
+        f"127.0.0.1:{plane.port}", "node-0", cpu_devices=1, work_dir=str(plane.tmp / "w"), data_root=str(plane.tmp)
+    )
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        await eventually(lambda: agent.connected, timeout_s=10, what="connected with no job")
+        assert agent.connections == 1
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
