@@ -21,6 +21,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from drover.planner.errors import PlanError, SpecError
 from drover.storage import queries
+from drover.storage.errors import StoreClosed
 from drover.storage.queries import NotFound
 from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
@@ -51,6 +52,7 @@ STATUS_OF = [
     ((Unauthenticated,), grpc.StatusCode.UNAUTHENTICATED),
     ((PermissionDenied,), grpc.StatusCode.PERMISSION_DENIED),
     ((ResourceExhausted,), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ((StoreClosed,), grpc.StatusCode.UNAVAILABLE),  # stopping: the caller retries against the next server
 ]
 # The least role that may call each JobService RPC (reader < operator < admin).
 ROLE_OF = {

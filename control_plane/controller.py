@@ -141,8 +141,9 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
                 task.cancel()
         await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
         self.planning.shutdown(wait=False, cancel_futures=True)
-        await self.flush()
-        self.store.close()
+        if not self.store.closed:  # closed once
+            await self.flush()
+            self.store.close()
 
     async def flush_forever(self, tick_s: float = 0.25) -> None:
         flushed = time.monotonic()

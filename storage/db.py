@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import StoreError, StoreInUse
+from .errors import StoreClosed, StoreError, StoreInUse
 from .models import HistoryPoint, NicSample, TelemetrySample
 
 T = TypeVar("T")
@@ -183,6 +183,7 @@ class Store:
         self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="drover-db-reader")
         self._pending: list = []
         self._pending_lock = threading.Lock()
+        self.closed = False
         self.dropped_samples = 0  # past MAX_PENDING_SAMPLES
         self.retention_s = retention_s
         self._last_trim = 0.0
@@ -193,7 +194,17 @@ class Store:
         return self._writer.submit(self._transaction, fn).result()
 
     async def write(self, fn: Callable[[Session], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self._transaction, fn)
+        return await self._run(self._writer, self._transaction, fn)
+
+    async def _run(self, executor: ThreadPoolExecutor, call, fn):
+        """On the store's thread. A request still being handled when the server stops met the
+        executor shut down, and logged the RuntimeError as an ERROR: StoreClosed says what it is."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, call, fn)
+        except RuntimeError:
+            if self.closed:
+                raise StoreClosed("the control plane is stopping: its database is closed") from None
+            raise
 
     def _transaction(self, fn: Callable[[Session], T]) -> T:
         with self.sessions.begin() as session:
@@ -254,12 +265,13 @@ class Store:
 
     async def query(self, fn: Callable[[Session], T]) -> T:
         """`read` on a reader thread, for code on the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._readers, self.read, fn)
+        return await self._run(self._readers, self.read, fn)
 
     def count(self, model) -> int:
         return self.read(lambda s: s.scalar(select(func.count()).select_from(model)))
 
     def close(self) -> None:
+        self.closed = True
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         if self._lock is not None:

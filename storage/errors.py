@@ -8,3 +8,7 @@ class StoreError(RuntimeError):
 
 class StoreInUse(StoreError):
     """Another process holds this database."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed (the server is stopping): a request still being handled cannot use it."""

@@ -492,3 +492,13 @@ async def test_a_server_whose_grpc_stop_is_cancelled_still_writes_and_closes_its
         assert [t.step for t in store.read(lambda s: queries.telemetry(s, "", "node-0/0"))] == [1]
     finally:
         store.close()
+
+
+async def test_a_request_that_meets_a_closed_store_is_unavailable_and_logs_no_error(plane, caplog):
+    # A request still being handled as the server stopped logged "cannot schedule new futures
+    # after shutdown" as an ERROR, and answered INTERNAL.
+    plane.cp.store.close()
+    with caplog.at_level("ERROR", logger="drover.server"):
+        code, details = await code_of(plane.jobs.ListJobs(jobs_pb2.ListJobsRequest()))
+    assert code == grpc.StatusCode.UNAVAILABLE and "stopping" in details
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
