@@ -177,7 +177,7 @@ class Admission:
     ) -> Job:
         """Store the job as running with its first plan (as a new row, for a job not queued) and
         send every node its start."""
-        devices = [d.id for d in cluster.devices]
+        devices = [d.id for d in cluster.usable]
         ranks = {d: i for i, d in enumerate(devices)}
         master_addr = self.hosts.get(devices[0].split("/")[0], "127.0.0.1")  # rank 0's node
         # On this machine a free port is known; elsewhere take one per job from a fixed range.

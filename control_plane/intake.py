@@ -35,8 +35,6 @@ class Intake:
                     f"telemetry.devices[{i}].device = {s.device[:80]!r}: node {node} reports for its own devices "
                     "only, those of its hello"
                 )
-            if job is not None and s.device not in job.ranks:
-                raise PermissionDenied(f"telemetry.devices[{i}].device = {s.device[:80]!r}: not a device of {job.id}")
             if job is not None and s.step >= job.spec.steps:
                 raise InvalidArgument(
                     f"telemetry.devices[{i}].step = {s.step}: job {job.id} has {job.spec.steps} steps"
@@ -49,17 +47,22 @@ class Intake:
                     raise InvalidArgument(
                         f"telemetry.migrations[{i}].step = {m.step}: job {job.id} has {job.spec.steps} steps"
                     )
-        for i, device in enumerate(message.lost_devices):
-            if device not in own or (job is not None and device not in job.ranks):
-                raise PermissionDenied(f"telemetry.lost_devices[{i}] = {device[:80]!r}: not a device of {node} here")
-        if job is not None and message.lost_devices:
-            await self._event(job, "device_lost", {"node": node, "devices": list(message.lost_devices)})
-            await self._recover_job(job, set(), set(message.lost_devices))
+        for field in ("lost_devices", "stalled_devices"):
+            for i, device in enumerate(getattr(message, field)):
+                if device not in own:
+                    raise PermissionDenied(f"telemetry.{field}[{i}] = {device[:80]!r}: not a device of {node}")
+        # A device of this node that a recovery has left out of the job is news no more, not an
+        # offence: its samples, loss or stall were on their way when the job's world changed. (Such
+        # a stall once ended the node's stream, which lost the node and its healthy devices too.)
+        current = (lambda device: device in job.ranks) if job is not None else (lambda device: True)
+        samples = [s for s in message.devices if current(s.device)]
+        lost = [d for d in message.lost_devices if current(d)]
+        stalled = [d for d in message.stalled_devices if current(d)]
+        if job is not None and lost:
+            await self._event(job, "device_lost", {"node": node, "devices": lost})
+            await self._recover_job(job, set(), set(lost))
             return
-        for i, device in enumerate(message.stalled_devices):
-            if device not in own or (job is not None and device not in job.ranks):
-                raise PermissionDenied(f"telemetry.stalled_devices[{i}] = {device[:80]!r}: not a device of {node} here")
-        if job is not None and message.stalled_devices:
+        if job is not None and stalled:
             # Its workers lost a peer: a node of the job whose stream is gone is lost now, not
             # after the grace period (a node still connected is given the grace), and so is one
             # whose stream is open but silent (a host gone without closing its connection).
@@ -88,7 +91,7 @@ class Intake:
                 self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message, at) for p in steps])
                 job.history_step = max([job.history_step] + [p.step for p in steps])
         if job is not None:
-            for s in message.devices:
+            for s in samples:
                 job.heard[s.device] = time.monotonic()
                 job.samples[s.device] = (s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
                 if s.compute_s_per_block > 0:
@@ -96,7 +99,7 @@ class Intake:
                 else:  # idle (left out of the plan): no work to judge, and an old window would mislead
                     job.detector.forget(s.device)
                 job.step = max(job.step, s.step)
-        rates = job.detector.rates() if job is not None and message.devices else {}
+        rates = job.detector.rates() if job is not None and samples else {}
         self.store.buffer_samples(
             TelemetrySample,
             [
@@ -110,7 +113,7 @@ class Intake:
                     "grad_sync_s": s.grad_sync_s,
                     "rate": rates.get(s.device, 1.0),
                 }
-                for s in message.devices
+                for s in samples
                 # Kept for a running job, or for no job (a node's own devices); a job that ended or
                 # never was keeps none.
                 if job is not None or not message.job_id

@@ -163,7 +163,7 @@ class Membership:
         except ValueError as exc:  # the survivors cannot hold the model
             await self._fail(job, f"{what} lost; the rest cannot run the job: {exc}")
             return
-        ranks = {d.id: i for i, d in enumerate(cluster.devices)}
+        ranks = {d.id: i for i, d in enumerate(cluster.usable)}
         lost_devices = [d for d in job.ranks if d not in ranks]
         job.former_nodes |= lost_nodes
         recover = await self._new_world(job, plan, ranks, survivors, f"recovery: {what} lost")

@@ -5,6 +5,8 @@ planning thread."""
 
 from __future__ import annotations
 
+import math
+
 from drover.planner import Cluster, Gpu, ModelSpec, Nic, Node, Plan, evaluate, make_plan, migration_seconds
 
 from .coordinator import Proposal
@@ -15,7 +17,10 @@ def propose(
 ) -> Proposal:
     """Drover's plan for the job's cluster at these straggling rates, weighed against the
     running plan by the reference cost model (pure; runs in the planning thread)."""
-    cluster = cluster.with_rates({d: r for d, r in rates.items() if r > 1.0})
+    # Rates of devices the cluster has: a lost node's stay in the detector's windows, and failed
+    # every reconcile of the job (twice a second) as rates of devices the cluster does not have.
+    measured = {d: r for d, r in rates.items() if r > 1.0 and d in cluster.device_by_id}
+    cluster = cluster.with_rates(measured | cluster.rates)  # a device not given stays failed
     plan = make_plan(cluster, model, "drover", budget_s)
     return Proposal(
         rates,
@@ -38,10 +43,16 @@ def nic_gbps(nodes: list[tuple[str, list, list]]) -> dict[str, float]:
 
 def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
     """The planner's view of agents' nodes: devices as GPUs, NICs as links (measured ones at
-    the bandwidth measured)."""
-    out = []
+    the bandwidth measured). A node's GPUs keep their ids: the planner names a node's devices
+    NODE/0 .. NODE/(n-1), so a device not given (lost, left out, another job's) is a GPU that
+    has failed. (Counted as n GPUs, a node that had lost NODE/0 had its NODE/1 planned as
+    NODE/0: the recovery handed the dead device a rank and left the healthy one out.)"""
+    out, missing = [], {}
     for name, devices, nics in nodes:
         first = devices[0]
+        given = {int(d.id.rpartition("/")[2]) for d in devices}  # NODE/INDEX, as every hello's
+        count = max(given) + 1
+        missing |= {f"{name}/{j}": math.inf for j in range(count) if j not in given}
         rdma = tuple(Nic(n.type, _gbps(n) or 100.0) for n in nics if n.type in ("infiniband", "roce"))
         ethernet = max([_gbps(n) for n in nics if n.type == "ethernet"] or [10.0]) or 10.0
         # CPU workers talk through gloo over loopback, which is latency-bound: the cost model has
@@ -54,11 +65,11 @@ def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
         out.append(
             Node(
                 name,
-                len(devices),
+                count,
                 Gpu(first.name or first.kind, first.tflops or 0.05, first.memory_gib or 16.0),
                 intra_gbps=intra,
                 ethernet_gbps=ethernet,
                 nics=rdma,
             )
         )
-    return Cluster("agents", tuple(out))
+    return Cluster("agents", tuple(out), rates=missing)

@@ -94,9 +94,11 @@ class Rollouts:
             job.wake.set()
 
     async def _propose(self, job: RunningJob, rates: dict[str, float]) -> Proposal:
-        nodes = await self.store.query(
-            lambda s: [(n, queries.devices_of(s, n), queries.nics_of(s, n)) for n in job.nodes]
-        )
+        def current(session):  # the job's world: a device a recovery left out is out of its plans too
+            devices = [(n, [d for d in queries.devices_of(session, n) if d.id in job.ranks]) for n in job.nodes]
+            return [(n, kept, queries.nics_of(session, n)) for n, kept in devices if kept]
+
+        nodes = await self.store.query(current)
         proposal = await self._off_loop(
             planning.propose,
             planning.cluster_of(nodes),

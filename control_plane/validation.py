@@ -139,8 +139,10 @@ def check_hello(hello: agent_pb2.Hello) -> tuple[list[dict], list[dict]]:
     ]
     for i, d in enumerate(devices):
         node, _, index = d["id"].rpartition("/")
-        if node != hello.node or not index.isascii() or not index.isdigit():
-            raise InvalidArgument(f"hello.devices[{i}].id = {d['id'][:80]!r}: a device id {hello.node}/INDEX")
+        if node != hello.node or not index.isascii() or not index.isdigit() or int(index) >= MAX_ITEMS:
+            raise InvalidArgument(
+                f"hello.devices[{i}].id = {d['id'][:80]!r}: a device id {hello.node}/INDEX, INDEX below {MAX_ITEMS}"
+            )
         for key in ("memory_gib", "tflops", "intra_gbps"):
             _check_figure(f"hello.devices[{i}].{key}", d[key])
     nics = [{"name": n.name, "type": n.type, "gbps": n.gbps, "address": n.address} for n in hello.nics]

@@ -189,3 +189,24 @@ async def test_a_recovery_does_not_start_while_a_plan_is_on_its_way_out(plane):
             devices = {d for p in message.plan.plan.pipelines for s in p.stages for d in s.devices}
             assert devices <= {"node-0/0", "node-0/1"}, f"plan {message.plan.version} after the world: {devices}"
     replan.cancel()
+
+
+async def test_a_stale_report_of_a_device_left_out_keeps_its_node(plane):
+    # node-1/0's worker died; once the recovery left it out, node-1's agent still reported it
+    # stalled, the control plane refused the whole stream as hostile (PERMISSION_DENIED), and so
+    # lost node-1 and its healthy node-1/1 as well.
+    node0, node1 = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    job = await plane.submit(TINY_JOB)
+    for agent in (node0, node1):
+        assert (await agent.receive()).start_job.job_id == job.id
+    node1.send(telemetry=agent_pb2.Telemetry(time=1.0, job_id=job.id, lost_devices=["node-1/0"]))
+    recover = (await node1.receive(timeout_s=5.0)).recover
+    assert "node-1/0" not in recover.ranks and "node-1/1" in recover.ranks
+    late = agent_pb2.DeviceSample(device="node-1/0", step=3, compute_s_per_block=0.1)
+    node1.send(telemetry=agent_pb2.Telemetry(time=2.0, job_id=job.id, stalled_devices=["node-1/0"], devices=[late]))
+    node1.send(telemetry=agent_pb2.Telemetry(time=3.0, job_id=job.id, lost_devices=["node-1/0"]))
+    await asyncio.sleep(0.5)
+    assert "node-1" in plane.cp.outboxes  # its stream goes on
+    running = plane.cp.jobs[job.id]
+    assert "node-1/1" in running.ranks and running.generation == 1  # and no second recovery

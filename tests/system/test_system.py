@@ -648,12 +648,14 @@ def test_a_node_joining_mid_job_is_grown_onto_and_the_model_equals_the_reference
     assert_equals_reference(out, job_file, tmp_path)
 
 
-@pytest.mark.parametrize("scope", ["node", "worker"])
-def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster, tmp_path):
+@pytest.mark.parametrize("scope, dies", [("node", "node-1/1"), ("worker", "node-1/1"), ("worker", "node-1/0")])
+def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, dies, local_cluster, tmp_path):
     """node-1/1 is made 4x slow; the plan that moves work off it starts a live switch, in the
-    middle of which node-1 dies whole, or node-1/1's worker alone (die-node-1_1.json: SIGKILL
+    middle of which node-1 dies whole, or one worker of it alone (die-node-1_1.json: SIGKILL
     with the switch's sends posted; scope node kills its agent's process group). Every part
-    has a copy elsewhere: the job recovers from replicas and ends with the reference's model."""
+    has a copy elsewhere: the job recovers from replicas and ends with the reference's model.
+    node-1/0 dying alone: the control plane planned the survivor node-1/1 as node-1/0 (a
+    node's GPUs were counted, not named), so the dead worker kept a rank and the job hung."""
     job_file = tmp_path / "job.yaml"
     # The switch starts about 5 steps after the straggle (at step 10 to 15 here; the straggle is
     # step-based, so as on any machine) and the job has recovered 1 to 2 steps later: 60 steps
@@ -662,7 +664,8 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster,
     c = local_cluster(nodes=2, devices_per_node=2)
     job = c.submit(job_file, "run")
     c.wait_until(lambda: c.job(job.id).step >= 5, 60)
-    (tmp_path / "agents" / "node-1" / job.id / "die-node-1_1.json").write_text(json.dumps({"scope": scope}))
+    die = f"die-{dies.replace('/', '_')}.json"
+    (tmp_path / "agents" / "node-1" / job.id / die).write_text(json.dumps({"scope": scope}))
     if scope == "node":
         c.killed.add("node-1")  # it is to die: the cluster's watch must not count it as a crash
     c.stub.Straggle(jobs_pb2.StraggleRequest(device="node-1/1", rate=4.0))
@@ -677,4 +680,8 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, local_cluster,
     assert ("node_lost" if scope == "node" else "device_lost") in kinds[pushed:]
     (recovered,) = [d for k, d in events if k == "recovered"]
     assert recovered["from"] == "replicas" and recovered["steps_redone"] == 0
+    if scope == "worker":  # the survivor of node-1 trains on, the dead worker is out of the world
+        (ranks,) = sqlite3.connect(c.database).execute("select ranks_json from jobs").fetchone()
+        survivor = ({"node-1/0", "node-1/1"} - {dies}).pop()
+        assert survivor in json.loads(ranks) and dies not in json.loads(ranks), ranks
     assert_equals_reference(tmp_path / "run", job_file, tmp_path)
