@@ -57,6 +57,7 @@ def migrate(
     state: dict,
     origin: Callable[[layout.Part], torch.nn.Module],
     device: torch.device,
+    seed: int,
     fault: Callable[[], None] | None = None,
 ) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
@@ -76,7 +77,7 @@ def migrate(
         if old == (t, r):
             module, part_state = parts[part], state[part]
         elif part in received:
-            module, part_state = assemble(cfg, part, t, r, received[part], device)
+            module, part_state = assemble(cfg, part, t, r, received[part], device, seed)
         else:  # the first plan: the whole part from its origin, then our slice
             module = origin(part).to(device)
             if isinstance(part, int):

@@ -44,14 +44,17 @@ def warm_up(cfg: DecoderConfig) -> None:
         meta_part(cfg, part)
 
 
-def empty_part(cfg: DecoderConfig, part, t: int, r: int, device: torch.device) -> torch.nn.Module:
+def empty_part(cfg: DecoderConfig, part, t: int, r: int, device: torch.device, seed: int = 0) -> torch.nn.Module:
     """An uninitialised module of the part's shard (t, r), to be filled by a transfer: its
     parameters, that is. Buffers are not moved (docs/models.md: constants its constructor
-    makes), so a part with buffers is built once for real to make them: to_empty left them
-    as whatever memory held, and a custom model's loss went wrong or NaN after a switch."""
+    makes), so a part with buffers is built once for real, from the job's `seed` as the first
+    plan built it, to make them: to_empty left them as whatever memory held (a custom model's
+    loss went wrong or NaN after a switch), and seed 0 remade a buffer drawn from the seeded
+    generator otherwise than the job had it. (A template whose parameters alone are read may
+    take any seed.)"""
     module = copy.deepcopy(meta_part(cfg, part)).to_empty(device=device)
     if next(module.buffers(), None) is not None:
-        made = dict(build_part(cfg, part, seed=0).named_buffers())
+        made = dict(build_part(cfg, part, seed=seed).named_buffers())
         with torch.no_grad():
             for name, buffer in module.named_buffers():
                 buffer.copy_(made[name])
@@ -89,11 +92,12 @@ def unpack(template: torch.nn.Module, buf: torch.Tensor) -> tuple[dict, dict]:
 
 
 def assemble(
-    cfg: DecoderConfig, part, t: int, r: int, pieces: dict, device: torch.device
+    cfg: DecoderConfig, part, t: int, r: int, pieces: dict, device: torch.device, seed: int
 ) -> tuple[torch.nn.Module, dict]:
     """A part's module and optimizer state for shard (t, r) from shards held elsewhere:
-    pieces is {(t, r): (params, state)}, either shard (t, r) itself or all shards of one TP size."""
-    module = empty_part(cfg, part, t, r, device)
+    pieces is {(t, r): (params, state)}, either shard (t, r) itself or all shards of one TP size;
+    its buffers made from the job's seed."""
+    module = empty_part(cfg, part, t, r, device, seed)
     if (t, r) in pieces:
         params, state = pieces[(t, r)]
     else:  # TP size changed: rebuild the full tensors, keep our slice

@@ -70,6 +70,7 @@ class Switching:
             self.state,
             self._origin,
             self.torch_device,
+            self.training.seed,
             fault=(_die_with_node if self.die_at_switch == "node" else _die) if self.die_at_switch else None,
         )
         self.parts, self.state = migrated.parts, migrated.state
@@ -91,7 +92,7 @@ class Switching:
         """A part under the first plan: empty for a checkpoint to fill, from the Hugging Face
         weights, or built from (seed, part)."""
         if self.filling:
-            return empty_part(self.cfg, part, 1, 0, torch.device("cpu"))
+            return empty_part(self.cfg, part, 1, 0, torch.device("cpu"), self.training.seed)
         if self.inputs.init:
             return self.inputs.init.module(self.cfg, part)
         return build_part(self.cfg, part, self.training.seed)

@@ -73,14 +73,36 @@ def test_custom_model_with_tp_stages_and_switches_equals_reference(spec, tmp_pat
     assert losses(tmp_path / "reference")[-1] < losses(tmp_path / "reference")[0]
 
 
-def test_a_blocks_buffer_is_made_again_where_the_block_moves(tmp_path):
+@pytest.mark.parametrize("entry_point", ["user_models:scaled", "user_models:drawn"])
+def test_a_blocks_buffer_is_made_again_where_the_block_moves(entry_point, tmp_path):
     # A moved block was built empty, buffers included, and nothing filled them: after a switch
-    # the loss went wrong, or NaN.
-    scaled = custom("user_models:scaled")
+    # the loss went wrong, or NaN. Then a buffer drawn from the seeded generator was remade with
+    # seed 0, not the job's (3 here): the model drifted from the reference after the switch.
+    scaled = custom(entry_point)
     training = Training(4, 3)
     train_reference(scaled, training, tmp_path / "reference")
     train_workers(scaled, 4, [(0, DP2_PP2), (2, TP2)], tmp_path / "run", training)
     assert_matches_reference(tmp_path / "run", tmp_path / "reference")
+
+
+def test_a_drawn_buffer_survives_a_resume_under_another_plan(tmp_path):
+    # A resumed part is built empty and filled from the checkpoint; its buffer was remade with
+    # seed 0, and the resumed run drifted from the reference.
+    from dataclasses import replace
+
+    from drover.planner.training import Checkpointing
+
+    drawn = custom("user_models:drawn")
+    training = Training(4, 3, checkpoint=Checkpointing("ckpt", every_steps=2, keep=1))
+    train_reference(drawn, replace(training, checkpoint=None), tmp_path / "reference")
+    train_workers(drawn, 4, [(0, DP2_PP2)], tmp_path / "first", replace(training, steps=2), data_root=tmp_path)
+    resumed = replace(training, checkpoint=None, resume="ckpt")
+    train_workers(drawn, 4, [(0, TP2)], tmp_path / "resumed", resumed, data_root=tmp_path)
+    assert [t["step"] for t in trace(tmp_path / "resumed")] == [2, 3]
+    final = torch.load(tmp_path / "resumed" / "model.pt")
+    reference = torch.load(tmp_path / "reference" / "model.pt")
+    for key, tensor in reference.items():
+        assert torch.allclose(final[key], tensor, rtol=1e-4, atol=1e-5), key
 
 
 @pytest.mark.parametrize(

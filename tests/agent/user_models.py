@@ -31,6 +31,15 @@ class ScaledBlock(ParallelBlock):
         return super().forward(x) * self.scale + x * (1 - self.scale)
 
 
+class DrawnBlock(ScaledBlock):
+    """A buffer drawn from the generator Drover seeds from (seed, part): the same in every build
+    of the part, but not at seed 0 (a moved block's buffer was remade with seed 0)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.scale = 0.5 + 0.2 * torch.randn(config.hidden)
+
+
 class WrongHead(Head):
     def forward(self, x):
         return self.norm(x)
@@ -42,6 +51,10 @@ def unsplit(config, part, seed):
 
 def scaled(config, part, seed):
     return ScaledBlock(config) if isinstance(part, int) else build(config, part, seed)
+
+
+def drawn(config, part, seed):
+    return DrawnBlock(config) if isinstance(part, int) else build(config, part, seed)
 
 
 def returns_a_tensor(config, part, seed):
