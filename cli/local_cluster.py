@@ -200,6 +200,9 @@ class LocalCluster:
             ],
             "server.log",
             log_mode,
+            # Out of the terminal's process group: Ctrl-C reaches drover up alone, which cancels
+            # its job through the server before stopping it (the server had stopped first).
+            own_group=True,
             env={**os.environ, "DROVER_DB": self.database},
         )
 

@@ -19,6 +19,7 @@ from drover.control_plane.jobfile import load_job
 from drover.planner.cluster import load_cluster
 from drover.planner.network import load_network
 from drover.planner.wire import job_state_name
+from drover.storage.db import check_free
 
 from .local_cluster import LocalCluster
 from .models import ModelReader
@@ -165,9 +166,6 @@ def up(
     root = Path(data_root).resolve() if data_root else Path.cwd() if out.is_relative_to(Path.cwd()) else out
     if not out.is_relative_to(root):
         raise click.BadParameter(f"{out} is not inside the data root {root}", param_hint="--out")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
-        (out / stale).unlink(missing_ok=True)
     if cluster_file and network_file:
         raise click.UsageError("give --cluster FILE or --network FILE (which is a cluster file too), not both")
     networks = None
@@ -208,6 +206,14 @@ def up(
         raise click.BadParameter("an emulated cluster's nodes are those of its file", param_hint="--join")
     reader = ModelReader()
     load_job(job_file, reader)  # a bad file fails before any process starts; a custom model's code is found
+    # The earlier run's output goes once every check has passed (a refused run deleted it), and
+    # once OUT's database is known free: a run still going there (its drover up killed) keeps
+    # its files, and this one stops at the database in use.
+    if database is None:
+        check_free(str(out / "drover.db"))
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
+        (out / stale).unlink(missing_ok=True)
     stack = ExitStack()
     # SIGTERM ends the run as Ctrl-C does: processes stopped, namespaces and links removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -110,6 +110,12 @@ def _sqlite_file(url: str) -> str | None:
     return engine_url.database
 
 
+def check_free(path: str) -> None:
+    """StoreInUse if a drover server holds the SQLite database at `path` now (nothing is held)."""
+    if Path(f"{path}.lock").exists():
+        _lock(path, create=True).close()
+
+
 def _lock(path: str, create: bool):
     """An exclusive lock next to a SQLite file, held while the store is open: two servers on
     one database would each believe their own view of the cluster. The lock file outlives the

@@ -361,10 +361,30 @@ def test_json_output_has_numbers_not_strings():
 def test_up_refuses_a_straggle_device_before_anything_starts(tmp_path, options, fragment, capsys):
     # Found only once the cluster ran and the job was submitted, which then stayed 'running' in
     # OUT's database and held OUT against the next run.
+    # And an earlier run's output stays: it was deleted before the checks.
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "model.pt").write_text("the last run's model")
     with pytest.raises(SystemExit) as exit_code:
         main(["up", "--job", str(ROOT / "examples" / "jobs" / "tiny.yaml"), "--out", str(tmp_path / "o"), *options])
     assert exit_code.value.code == 2 and fragment in capsys.readouterr().err
     assert not (tmp_path / "o" / "drover.db").exists()
+    assert (tmp_path / "o" / "model.pt").read_text() == "the last run's model"
+
+
+def test_up_leaves_the_output_of_a_run_still_going_in_its_folder(tmp_path, capsys):
+    # A drover up killed outright left its server running there; the next one deleted that run's
+    # trace and events before it found the database in use.
+    import fcntl
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "trace.jsonl").write_text("{}\n")
+    with open(out / "drover.db.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running server holds it
+        with pytest.raises(SystemExit) as exit_code:
+            main(["up", "--job", str(ROOT / "examples" / "jobs" / "tiny.yaml"), "--out", str(out)])
+    assert exit_code.value.code == 1 and "in use by another drover server" in capsys.readouterr().err
+    assert (out / "trace.jsonl").read_text() == "{}\n"
 
 
 def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_path, capsys):

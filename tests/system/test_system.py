@@ -323,6 +323,30 @@ def test_sigkill_to_drover_up_stops_its_processes_too(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_ctrl_c_to_drover_ups_process_group_cancels_its_job(tmp_path):
+    # Ctrl-C reaches a terminal's whole process group: the server stopped with drover up, which
+    # then could not cancel the job ("could not cancel ... Connection refused"), left running.
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
+    out = tmp_path / "out"
+    command = DROVER + ["up", "--job", str(job), "--out", str(out)]
+    up = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "trace.jsonl").exists() or not (out / "trace.jsonl").read_text():
+            assert up.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=60) == 130
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    assert "could not cancel" not in up.stdout.read()
+    assert sqlite3.connect(out / "drover.db").execute("select state from jobs").fetchall() == [("cancelled",)]
+
+
 def running(pid: int) -> bool:
     """Alive: exists and is not a zombie (an exited process its new parent has not reaped)."""
     try:
