@@ -218,6 +218,17 @@ class Membership:
             job.join_skipped.discard(node)
         self._soon(self._grow_onto(node), f"grow onto {node}")
 
+    def _may_grow(self, job: RunningJob) -> bool:
+        """A job grows only up to what its resources ask: {nodes: N} N nodes, {devices: N} N
+        devices (one that has lost some may grow back to them); neither, every free device.
+        ({nodes: 1} grew onto every idle node, and a second such job waited for a free one.)"""
+        wanted = job.spec.resources
+        if wanted.nodes:
+            return len(job.nodes) < wanted.nodes
+        if wanted.devices:
+            return len(job.ranks) < wanted.devices
+        return True
+
     async def _grow_onto(self, node: str) -> None:
         """Offer a node that connected (new, or lost and back) to the running jobs, oldest
         first: the first whose plan the planner predicts at least min_gain faster with the
@@ -229,6 +240,8 @@ class Membership:
             for job in sorted(self.jobs.values(), key=lambda j: j.id):
                 if node in job.nodes or node in job.join_skipped or job.ending or node not in self.outboxes:
                     continue
+                if not self._may_grow(job):
+                    continue  # it has what it asked for: the node stays free for the next job
                 if job.committed != job.version:
                     continue  # a switch in flight settles first (the newcomer must know what is held)
                 taken = {d for j in self.jobs.values() for d in j.ranks}
@@ -245,6 +258,9 @@ class Membership:
                     if job.ending or job.committed != job.version:
                         continue  # a recovery came first: the node is offered again once it commits
                     nodes = await self.store.query(usable)
+                    if job.spec.resources.devices:  # up to the devices it asked for
+                        name, free, nics = nodes[-1]
+                        nodes[-1] = (name, free[: job.spec.resources.devices - len(job.ranks)], nics)
                     if not nodes[-1][1]:
                         return  # nothing free on it
                     cluster = planning.cluster_of(nodes)

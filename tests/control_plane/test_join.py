@@ -82,3 +82,23 @@ async def _step(plane, job_id, step):
 
 async def _has(plane, job_id, kind):
     return kind in await _kinds(plane, job_id)
+
+
+async def test_a_job_grows_no_further_than_its_resources_ask(plane):
+    # {nodes: 1} grew onto every idle node at its first commit, and a second {nodes: 1} job
+    # then waited for a free node that the first had taken.
+    first, second = plane.agent("node-0"), plane.agent("node-1")
+    await plane.connected(2)
+    one_node = LONG_JOB + "resources: {nodes: 1}\n"
+    job = await plane.submit(one_node)
+    (node,) = plane.cp.jobs[job.id].nodes
+    placed = first if node == "node-0" else second
+    assert (await placed.receive()).start_job.job_id == job.id
+    ranks = plane.cp.jobs[job.id].ranks
+    devices = {d: 0.01 for d in ranks}
+    placed.report(job.id, 1, devices)
+    await eventually(lambda: _has(plane, job.id, "plan_committed"), what="plan 1 committed")
+    await asyncio.sleep(0.3)  # an offer would have been made by now
+    assert "node_joined" not in await _kinds(plane, job.id)
+    other = await plane.submit(one_node)
+    await eventually(lambda: _state(plane, other.id, state_pb2.JOB_STATE_RUNNING), what="the second job running")
