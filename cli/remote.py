@@ -47,7 +47,7 @@ def _job_rows(jobs) -> str:
                 figure(j, "tokens_per_s", ",.0f"),
                 j.plan_version,
                 j.committed_plan_version,
-                j.detail[:60],
+                j.detail if len(j.detail) <= 60 else j.detail[:59] + "…",  # job status shows it whole
             ]
             for j in jobs
         ],
@@ -101,8 +101,13 @@ def job_list(address: str, as_json: bool) -> None:
 @control_plane_option
 @json_option
 def job_status(job_id: str, address: str, as_json: bool) -> None:
-    """Show one job: state, step, desired and committed plan versions."""
-    _print(connect(address).get(job_id), as_json, lambda j: _job_rows([j]))
+    """Show one job: state, step, desired and committed plan versions, and its detail whole (a
+    failed job's cause)."""
+
+    def render(j) -> str:
+        return _job_rows([j]) + (f"\ndetail: {j.detail}" if len(j.detail) > 60 else "")
+
+    _print(connect(address).get(job_id), as_json, render)
 
 
 @job.command("watch")

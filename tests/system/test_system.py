@@ -568,6 +568,8 @@ def test_an_unusable_out_dir_fails_the_job_with_its_cause(local_cluster, tmp_pat
     job = c.submit(job_file, "occupied")
     final = ended(c, job.id, 60)
     assert final.state == state_pb2.JOB_STATE_FAILED and "could not start" in final.detail, final.detail
+    # job status shows the cause whole: the table cut it at 60 characters, before the cause.
+    assert len(final.detail) > 60 and f"detail: {final.detail}" in run_cli(c, "job", "status", job.id).stdout
 
 
 def test_a_real_corpus_trains_on_drover_up_and_its_validation_loss_falls(tmp_path):
