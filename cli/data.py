@@ -52,6 +52,13 @@ def prepare(inputs, tokenizer_file, out_dir, val_fraction, shard_tokens, text_fi
         tokens = sum(e["tokens"] for e in entries)
         click.echo(f"{split}: {tokens:,} tokens in {len(entries)} file(s)")
     click.echo(f"{meta['documents']:,} documents, vocab {meta['vocab']:,} ({meta['dtype']}) -> {out_dir}")
+    if val_fraction and not meta["splits"].get("val"):  # found only when a job with eval failed
+        click.echo(
+            f"warning: no val split: every {round(1 / val_fraction)}th document is for validation, and there "
+            f"are {meta['documents']:,} (a text file is one document; a .jsonl has one a line). A job with "
+            "eval needs one.",
+            err=True,
+        )
 
 
 @data.command()

@@ -42,8 +42,16 @@ def root(tmp_path_factory):
         "data", "prepare", *map(str, CORPUS), "--tokenizer", str(root / "tok.json"), "--out", str(root / "shards")
     )
     assert out.returncode == 0, out.stderr
-    assert "train:" in out.stdout and "val:" in out.stdout
+    assert "train:" in out.stdout and "val:" in out.stdout and "warning" not in out.stderr
     return root
+
+
+def test_a_corpus_of_one_document_is_warned_it_has_no_val_split(root, tmp_path):
+    # A job with eval on it failed on the agent, with no word from prepare.
+    one = tmp_path / "notes.txt"
+    one.write_text("one long text file is one document\n" * 200)
+    out = run_cli("data", "prepare", str(one), "--tokenizer", str(root / "tok.json"), "--out", str(tmp_path / "s"))
+    assert out.returncode == 0 and "warning: no val split" in out.stderr and "are 1 " in out.stderr, out.stderr
 
 
 def test_shards_hold_the_corpus_tokens(root):
