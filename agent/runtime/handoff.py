@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from dataclasses import dataclass
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
 from multiprocessing import forkserver
 from pathlib import Path
 
@@ -91,11 +96,12 @@ class WorkerArgs:
     # plan the job's workers hold and their ranks before it). It joins and receives its parts.
     joining: tuple[int, int, Plan, dict[str, int]] | None = None
     log_file: str = ""  # stdout and stderr go here (an agent's workers: agent/logs.py); "": inherited
+    starter: int = 0  # the pid of the process that started it (start_worker sets it): it ends with it
 
 
 def start_worker(ctx, args: WorkerArgs, name: str):
     """A worker process, forked from the launcher and started."""
-    proc = ctx.Process(target=_run_worker, args=(args,), name=name)
+    proc = ctx.Process(target=_run_worker, args=(replace(args, starter=os.getpid()),), name=name)
     proc.start()
     return proc
 
@@ -139,7 +145,36 @@ def check_inputs(spec: ModelSpec, training: Training, data_root: Path) -> None:
 def _run_worker(args: WorkerArgs) -> None:
     from .worker import worker_main  # preloaded by the launcher: no import here
 
+    if args.starter:
+        threading.Thread(target=_end_with, args=(args.starter,), name="starter-watch", daemon=True).start()
     worker_main(args)
+
+
+def _end_with(starter: int) -> None:
+    """SIGTERM to this worker once the process that started it (its agent, or drover train) has
+    gone: an agent killed outright left its workers training, then idle on their ports for the
+    300 s a lost peer is waited for. (The launcher outlives it: multiprocessing hands every
+    worker a write end of the pipe whose closing would end the launcher.)"""
+    try:
+        fd = os.pidfd_open(starter)
+    except (OSError, AttributeError):  # gone already, or no pidfd (not Linux 5.3+): poll instead
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has exited
+    else:
+        while _alive(starter):
+            time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_inputs(spec: ModelSpec, training: Training, data_root: str) -> None:

@@ -347,6 +347,28 @@ def test_ctrl_c_to_drover_ups_process_group_cancels_its_job(tmp_path):
     assert sqlite3.connect(out / "drover.db").execute("select state from jobs").fetchall() == [("cancelled",)]
 
 
+def test_the_workers_of_an_agent_killed_outright_stop_with_it(local_cluster, tmp_path):
+    # They trained on with parent 1, then sat on their ports for the 300 s a lost peer is waited
+    # for; a restarted agent did not reap them.
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
+    c = local_cluster(nodes=2, devices_per_node=2)
+    job = c.submit(job_file, "run")
+    c.wait_until(lambda: c.job(job.id).step >= 2, 60)
+    agent = c.agents["node-1"].pid
+    tree = descendants(agent)  # its launcher and the workers
+    assert len(tree) >= 3
+    c.killed.add("node-1")
+    os.kill(agent, signal.SIGKILL)
+    deadline = time.time() + 15
+    while [p for p in tree if running(p)] and time.time() < deadline:
+        time.sleep(0.2)
+    left = [p for p in tree if running(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
 def running(pid: int) -> bool:
     """Alive: exists and is not a zombie (an exited process its new parent has not reaped)."""
     try:
