@@ -201,11 +201,20 @@ class Agent:
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
             self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
 
-            async def requests():
-                while True:
-                    yield await outbox.get()
+            # Written from a task of our own, not read by gRPC from an async generator: a stream
+            # that failed while the generator awaited its next message (a refused call, an agent
+            # paused past the keepalive) made gRPC close it from another task, and the log filled
+            # with "aclose(): asynchronous generator is already running" at every retry.
+            call = stub.Connect()
 
-            call = stub.Connect(requests())
+            async def send_forever():
+                try:
+                    while True:
+                        await call.write(await outbox.get())
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                    return  # the call has ended: reading it says how
+
+            sender = asyncio.create_task(send_forever())
             ticker = asyncio.create_task(self._tick_forever(outbox))
             try:
                 # Sent once the control plane has taken the hello (a server before that sent it with
@@ -220,6 +229,8 @@ class Agent:
             finally:
                 self.connected = False
                 ticker.cancel()
+                sender.cancel()
+                call.cancel()
                 for reader, _ in self._log_readers.values():  # their requests ended with the stream
                     reader.cancel()
         raise ConnectionError("stream ended")

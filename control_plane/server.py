@@ -46,6 +46,26 @@ class Served:
     agent_server: grpc.aio.Server | None = None  # the agent port's, when it is a port of its own
 
 
+class WrongPort(grpc.GenericRpcHandler):
+    """The other port's service, answered FAILED_PRECONDITION with where its callers go: an agent
+    given the clients' port read 'UNIMPLEMENTED: Method not found!', and retried for ever."""
+
+    def __init__(self, service: str, who: str, option: str):
+        self.prefix, self.message = (
+            f"/{service}/",
+            f"this is not the port for {who}: they use the server's {option} port",
+        )
+
+    def service(self, handler_call_details):
+        if not handler_call_details.method.startswith(self.prefix):
+            return None
+
+        async def refuse(request_iterator, context):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.message)
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
 def _credentials(tls_dir: Path, agents: bool) -> grpc.ServerCredentials:
     """TLS with the server's certificate; for the agent port, also each agent's, checked against the CA."""
     pair = [((tls_dir / "server.key").read_bytes(), (tls_dir / "server.pem").read_bytes())]
@@ -92,6 +112,9 @@ async def start_server(
         job_service = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
         register(agent_server, AgentService(cp, auth, max_agent_streams), agent_service)
         register(server, JobService(cp, auth, emulation), job_service)
+        if agent_server is not server:  # the other port's callers are told where to go
+            server.add_generic_rpc_handlers([WrongPort(agent_service.full_name, "agents", "--agent-listen")])
+            agent_server.add_generic_rpc_handlers([WrongPort(job_service.full_name, "clients", "--listen")])
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         served_names = [job_service.full_name] + ([] if agent_address else [agent_service.full_name])

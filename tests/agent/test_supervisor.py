@@ -164,3 +164,31 @@ async def test_an_idle_agent_knows_it_is_connected_once_its_hello_is_taken(plane
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_an_agent_refused_at_the_wrong_port_is_told_so_and_logs_no_asyncio_error(tmp_path, caplog):
+    # Given the clients' port it read "UNIMPLEMENTED: Method not found!", and every refused try
+    # left "aclose(): asynchronous generator is already running" in its log.
+    import gc
+
+    from drover.agent.daemon import Agent
+    from drover.control_plane.server import start_server, stop_server
+
+    served = await start_server(str(tmp_path / "d.db"), "127.0.0.1:0", agent_address="127.0.0.1:0")
+    agent = Agent(
+        f"127.0.0.1:{served.port}", "node-0", cpu_devices=1, work_dir=str(tmp_path / "w"), data_root=str(tmp_path)
+    )
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        with caplog.at_level("INFO"):
+            await eventually(lambda: "--agent-listen port" in caplog.text, timeout_s=10, what="told the port")
+            await asyncio.sleep(1.5)  # a few refused tries
+            gc.collect()
+            await asyncio.sleep(0.1)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await stop_server(served)
+    assert not agent.connected
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

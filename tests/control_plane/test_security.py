@@ -199,7 +199,15 @@ async def test_each_port_serves_only_its_own_services(served, certs):
     admin = grpc.access_token_call_credentials(token_of(certs, "admin"))
     node = grpc.composite_channel_credentials(agent_credentials(certs, "node-0"), admin)
     on_agent_port = jobs_pb2_grpc.JobServiceStub(grpc.aio.secure_channel(f"127.0.0.1:{served.agent_port}", node))
-    assert await code_of(on_agent_port.ListNodes(jobs_pb2.ListNodesRequest())) == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # and told where to go (it read "Method not found!")
+        await on_agent_port.ListNodes(jobs_pb2.ListNodesRequest())
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "--listen port" in info.value.details()
+    on_client_port = agent_pb2_grpc.AgentServiceStub(
+        grpc.aio.secure_channel(f"127.0.0.1:{served.port}", agent_credentials(certs, "node-0"))
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await ScriptedAgent(on_client_port, "node-0").receive()
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "--agent-listen port" in info.value.details()
     tls = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
     health = health_pb2_grpc.HealthStub(grpc.aio.secure_channel(f"127.0.0.1:{served.port}", tls))
     agents = health_pb2.HealthCheckRequest(service="drover.v1.AgentService")
