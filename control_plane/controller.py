@@ -57,6 +57,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         self.outboxes: dict[str, asyncio.Queue] = {}  # node -> messages for its agent
         self.hosts: dict[str, str] = {}  # node -> the address its agent connects from
         self.node_devices: dict[str, set[str]] = {}  # node -> the device ids of its latest hello
+        self.device_tflops: dict[str, float] = {}  # device -> its nominal TFLOP/s, as its hello said
         self.jobs: dict[str, RunningJob] = {}
         self._lost: dict[str, asyncio.Task] = {}
         self._heard_from: dict[str, float] = {}  # node -> when its stream last brought a message (monotonic)

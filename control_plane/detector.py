@@ -1,8 +1,10 @@
 """Straggler detection from telemetry, calm on a loaded machine.
 
 Each step, a device's ratio is its compute time per block per micro-batch
-(its own work: waiting for a partner is not counted) over that step's
-reference, the lower median over the job's devices. Comparing within a step
+(its own work: waiting for a partner is not counted), scaled by its GPU's
+nominal TFLOP/s and its stage's TP size (the control plane's intake does
+this, so a healthy GPU of a slower kind or a larger share of a block reads
+1.0), over that step's reference, the lower median over the job's devices. Comparing within a step
 cancels what slows every device alike (a busy host, a noisy neighbour);
 FALCON compares with the median too, and the lower median keeps a slow half
 of a small job from dragging the reference up.

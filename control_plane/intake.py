@@ -91,11 +91,16 @@ class Intake:
                 self.store.buffer_samples(HistoryPoint, [self._history_point(job, p, message, at) for p in steps])
                 job.history_step = max([job.history_step] + [p.step for p in steps])
         if job is not None:
+            sizes = job.tp_sizes(message.active_plan_version)
             for s in samples:
                 job.heard[s.device] = time.monotonic()
                 job.samples[s.device] = (s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
                 if s.compute_s_per_block > 0:
-                    job.detector.observe(s.device, s.step, s.compute_s_per_block, s.p2p_wait_s, s.grad_sync_s)
+                    # Judged as work done at the device's own nominal speed: a healthy GPU of a
+                    # slower kind, or one with a larger share of a block (a smaller TP group), read
+                    # as a straggler against the job's median (spec: a rate is against its own GPU).
+                    work = s.compute_s_per_block * (self.device_tflops.get(s.device) or 1.0) * sizes.get(s.device, 1)
+                    job.detector.observe(s.device, s.step, work, s.p2p_wait_s, s.grad_sync_s)
                 else:  # idle (left out of the plan): no work to judge, and an old window would mislead
                     job.detector.forget(s.device)
                 job.step = max(job.step, s.step)

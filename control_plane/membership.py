@@ -32,6 +32,7 @@ class Membership:
             self.logs.node_gone(hello.node)  # log requests sent down the older stream end with it
         self.hosts[hello.node] = hello.advertise_address or host
         self.node_devices[hello.node] = {d["id"] for d in devices}
+        self.device_tflops.update({d["id"]: d["tflops"] for d in devices})  # the detector's yardstick
         self.outboxes[hello.node] = queue
         self._heard_from[hello.node] = time.monotonic()
         if hello.node in self._lost:

@@ -82,6 +82,16 @@ class RunningJob:
     migrations: int = 0  # plan switches finished since this server started (metrics)
     migration_bytes: int = 0
     history_step: int = -1  # the newest step kept in the job's history
+    sizes: dict = field(default_factory=dict)  # plan version -> device -> TP size (tp_sizes)
+
+    def tp_sizes(self, version: int) -> dict[str, int]:
+        """device -> its stage's TP size under plan `version` (the newest known, for an older
+        one not kept): its share of a block's work is 1/t."""
+        if version == self.version and version not in self.sizes:
+            self.sizes[version] = {d: len(s.devices) for p in self.plan.pipelines for s in p.stages for d in s.devices}
+            for old in sorted(self.sizes)[:-4]:
+                del self.sizes[old]
+        return self.sizes.get(version) or (self.sizes[max(self.sizes)] if self.sizes else {})
 
     def rank0_node(self) -> str:
         return min(self.ranks, key=self.ranks.get).split("/")[0]

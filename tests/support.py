@@ -46,15 +46,22 @@ async def eventually(check, timeout_s: float = 10.0, every_s: float = 0.05, what
         await asyncio.sleep(every_s)
 
 
-def cpu_device(device_id: str) -> agent_pb2.Device:
-    return agent_pb2.Device(id=device_id, kind="cpu", name="cpu", memory_gib=8, tflops=0.05)
+def cpu_device(device_id: str, tflops: float = 0.05) -> agent_pb2.Device:
+    return agent_pb2.Device(id=device_id, kind="cpu", name="cpu", memory_gib=8, tflops=tflops)
 
 
 class ScriptedAgent:
     """An agent stream driven by the test: what it sends, and what comes back."""
 
     def __init__(
-        self, stub: agent_pb2_grpc.AgentServiceStub, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0
+        self,
+        stub: agent_pb2_grpc.AgentServiceStub,
+        node: str,
+        devices: int = 2,
+        jobs=(),
+        nics=(),
+        probe_port=0,
+        tflops: float = 0.05,
     ):
         """`jobs`: the JobStatus of jobs the agent says it runs (after a reconnect); `nics` and
         `probe_port`: what it says it has for link probes."""
@@ -65,7 +72,7 @@ class ScriptedAgent:
                 hello=agent_pb2.Hello(
                     node=node,
                     agent_version="test",
-                    devices=[cpu_device(f"{node}/{i}") for i in range(devices)],
+                    devices=[cpu_device(f"{node}/{i}", tflops) for i in range(devices)],
                     jobs=list(jobs),
                     nics=list(nics),
                     probe_port=probe_port,
@@ -111,8 +118,8 @@ class Plane:
     port: int
     metrics_port: int = 0  # /metrics's, with metrics_address="127.0.0.1:0"
 
-    def agent(self, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0) -> ScriptedAgent:
-        return ScriptedAgent(self.agents, node, devices, jobs, nics, probe_port)
+    def agent(self, node: str, devices: int = 2, jobs=(), nics=(), probe_port=0, tflops=0.05) -> ScriptedAgent:
+        return ScriptedAgent(self.agents, node, devices, jobs, nics, probe_port, tflops)
 
     async def connected(self, count: int) -> None:
         async def enough():

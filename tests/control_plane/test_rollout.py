@@ -96,3 +96,36 @@ async def test_a_slow_planner_holds_up_no_rpc(plane, monkeypatch):
     assert slowest < 1.0, f"an RPC waited {slowest:.2f} s behind the planner"
     assert (await replan).version == 2
     await eventually(lambda: planned, what="the planner ran")
+
+
+async def test_a_healthy_gpu_of_a_slower_kind_is_no_straggler(plane):
+    # node-1's GPUs are half as fast as node-0's by their hello: twice the time per block is their
+    # health. Judged on raw times they read as 2x stragglers and were planned out.
+    a, b = plane.agent("node-0", tflops=0.1), plane.agent("node-1", tflops=0.05)
+    await plane.connected(2)
+    job = await plane.submit()
+    for agent in (a, b):
+        assert (await agent.receive()).HasField("start_job")
+    for step in range(10):
+        a.report(job.id, step, {"node-0/0": HEALTHY_S, "node-0/1": HEALTHY_S})
+        slowed = 3 if step >= 4 else 1  # node-1/1 three times slower than its own kind from step 4
+        b.report(job.id, step, {"node-1/0": 2 * HEALTHY_S, "node-1/1": 2 * HEALTHY_S * slowed})
+        await asyncio.sleep(0.02)
+    running = plane.cp.jobs[job.id]
+    rates = await eventually(lambda: running.detector.rates() or None, what="rates judged")
+    assert rates == {"node-0/0": 1.0, "node-0/1": 1.0, "node-1/0": 1.0, "node-1/1": 3.0}
+
+
+def test_each_devices_share_of_a_block_is_read_from_the_plan_it_ran():
+    # A device of a TP-2 stage computes half a block: judged on raw times beside a TP-1 device, the
+    # TP-1 device read as a 2x straggler.
+    from drover.control_plane.detector import Detector
+    from drover.control_plane.running import RunningJob
+
+    from support import MIXED_TP, TP2
+
+    job = RunningJob("j", None, {}, [], MIXED_TP, 1, 1, {}, Detector())
+    mixed = {"local/0": 2, "local/1": 2, "local/2": 1, "local/3": 1}
+    assert job.tp_sizes(1) == mixed
+    job.plan, job.version = TP2, 2
+    assert job.tp_sizes(2) == dict.fromkeys(mixed, 2) and job.tp_sizes(1) == mixed  # a late sample of plan 1
