@@ -191,8 +191,9 @@ class Intake:
     async def _record_links(self, job: RunningJob, node: str, links) -> None:
         # A probe's result can arrive after its peer left the job (a recovery): dropped, like
         # any sample that names no other node of the job, rather than ending the stream.
+        now = time.time()  # the control plane's clock: a NIC's rounds of probes are told apart by it
         samples = [
-            {"nic": k.nic, "peer": k.peer, "gbps": k.gbps, "time": k.time}
+            {"nic": k.nic, "peer": k.peer, "gbps": k.gbps, "time": now}
             for k in links[:MAX_LINKS]
             if k.peer in job.nodes and k.peer != node
         ]

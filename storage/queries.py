@@ -65,16 +65,26 @@ def record_links(session: Session, node: str, samples: list[dict]) -> dict[tuple
     return changed
 
 
+# A NIC's measure is the median of its links probed within this of its newest probe: one round of
+# probes. Once a link slowed, the median of the fresh probe from one end (0.006 Gbps) and the stale
+# one from the other (0.2) read 0.1, and the new plan waited for the other end's next probe.
+PROBE_ROUND_S = 10.0
+
+
 def _measured(session: Session, owner: str) -> dict[str, float]:
     """Each of the node's NICs' measured bandwidth: the median over the links probed from or to
-    it on that NIC (failed probes left out). One query for all its NICs."""
+    it on that NIC in its newest round of probes (failed probes left out). One query for all."""
     rows = session.execute(
-        select(Link.nic, Link.gbps).where((Link.node == owner) | (Link.peer == owner), Link.gbps > 0)
+        select(Link.nic, Link.gbps, Link.time).where((Link.node == owner) | (Link.peer == owner), Link.gbps > 0)
     ).all()
-    by_nic: dict[str, list[float]] = {}
-    for nic, gbps in rows:
-        by_nic.setdefault(nic, []).append(gbps)
-    return {nic: statistics.median(values) for nic, values in by_nic.items()}
+    by_nic: dict[str, list[tuple[float, float]]] = {}
+    for nic, gbps, at in rows:
+        by_nic.setdefault(nic, []).append((at, gbps))
+    out = {}
+    for nic, probes in by_nic.items():
+        newest = max(at for at, _ in probes)
+        out[nic] = statistics.median(gbps for at, gbps in probes if at >= newest - PROBE_ROUND_S)
+    return out
 
 
 def links_of(session: Session, node: str) -> list[Link]:

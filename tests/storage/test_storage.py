@@ -201,6 +201,17 @@ def test_a_nics_measured_bandwidth_is_the_median_of_its_links_and_outlives_a_rec
     assert store.read(lambda s: queries.get_node(s, "b")).probe_port == 7001
 
 
+def test_a_nics_measure_is_its_newest_round_of_probes(store):
+    # After a's link slowed, b's stale probe of it (0.2) and a's fresh one (0.006) read 0.1.
+    ib = [{"name": "ib", "type": "infiniband", "gbps": 0.2}]
+    for node in ("a", "b"):
+        store.write_sync(lambda s, n=node: queries.upsert_node(s, n, [], ib, "t", probe_port=7000))
+    store.write_sync(lambda s: queries.record_links(s, "b", [{"nic": "ib", "peer": "a", "gbps": 0.2, "time": 0.0}]))
+    fresh = [{"nic": "ib", "peer": "b", "gbps": 0.006, "time": 100.0}]
+    changed = store.write_sync(lambda s: queries.record_links(s, "a", fresh))
+    assert changed[("a", "ib")] == (0.2, 0.006) and changed[("b", "ib")] == (0.2, 0.006)
+
+
 def test_a_database_from_before_migrations_is_upgraded_and_keeps_its_rows(tmp_path):
     """As the last release without migrations made it (no alembic_version, no job_history), and
     older still: without columns that release had added."""
