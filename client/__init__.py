@@ -170,7 +170,9 @@ def error_of(exc: grpc.RpcError, plain: bool = False) -> DroverError:
     reports both as UNAVAILABLE, like a server that is down, but no retry will help until the
     certificates are right."""
     code, details = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
+    # A certificate that names another host fails verification after the handshake: the same.
+    tls = ("handshake failed", "hostname verification", "no match found for server name")
+    if code == grpc.StatusCode.UNAVAILABLE and any(words in details.lower() for words in tls):
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
             "the TLS handshake failed: check that the server serves TLS, that its certificate is signed by "

@@ -239,5 +239,21 @@ async def test_a_node_certificate_cannot_pose_as_the_control_plane(tmp_path, cer
             )
         )
         assert await code_of(stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+
     finally:
         await stop_server(fake)
+
+
+async def test_a_server_certificate_for_another_name_is_unauthenticated(tmp_path):
+    # The server's certificate names 127.0.0.1 and the client dials localhost: gRPC's "Hostname
+    # Verification Check failed" came out as UNAVAILABLE, "no control plane answered".
+    folder = tmp_path / "certs"
+    make_credentials(folder, ["node-0"], ["127.0.0.1"])
+    served = await start_server(str(tmp_path / "d.db"), "127.0.0.1:0", agent_address="127.0.0.1:0", tls_dir=folder)
+    try:
+        target = Target(f"localhost:{served.port}", (folder / "ca.pem").read_bytes(), token_of(folder, "admin"))
+        with Client(target) as drover, pytest.raises(Unauthenticated) as info:
+            await asyncio.to_thread(drover.list)
+        assert "names the address dialled" in info.value.details()
+    finally:
+        await stop_server(served)
