@@ -120,7 +120,8 @@ class Admission:
                 return None, f"waiting for {wanted.devices} free devices ({count} free now)"
             return whole_nodes_within(MAX_JOB_DEVICES, picked), ""
         if not free:
-            return None, "waiting for a free device: every connected device runs another job"
+            why = "every connected device runs another job" if nodes else "every connected node is drained"
+            return None, f"waiting for a free device: {why}"
         return whole_nodes_within(MAX_JOB_DEVICES, free), ""
 
     def place_pending_soon(self) -> None:

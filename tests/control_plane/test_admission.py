@@ -71,6 +71,7 @@ async def test_drained_nodes_get_no_job_and_pending_jobs_can_be_cancelled(plane)
     await plane.jobs.DrainNode(jobs_pb2.NodeRequest(node="node-0"))
     job = await plane.submit()
     assert job.state == state_pb2.JOB_STATE_PENDING
+    assert job.detail.endswith("every connected node is drained")  # it said every device ran another job
     cancelled = await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
     assert cancelled.state == state_pb2.JOB_STATE_CANCELLED
     await plane.jobs.UndrainNode(jobs_pb2.NodeRequest(node="node-0"))
