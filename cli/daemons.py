@@ -213,6 +213,9 @@ def server(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     _log_to_stderr(log_format, log_level)
+    # The database it creates (and SQLite's journal) for its own user only: it holds what the API
+    # shows readers only with a token. A file that exists keeps its mode.
+    os.umask(0o077)
     run_until_stopped(
         serve(
             db,

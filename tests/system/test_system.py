@@ -296,6 +296,7 @@ def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     assert [p for p in tree if running(p)] == []
     # The job ended with the run: left 'running' in OUT's database, it held OUT against the next run.
     assert sqlite3.connect(out / "drover.db").execute("select state from jobs").fetchall() == [("cancelled",)]
+    assert (out / "drover.db").stat().st_mode & 0o077 == 0  # the server's database is its user's alone
 
 
 def test_sigkill_to_drover_up_stops_its_processes_too(tmp_path):
