@@ -116,8 +116,13 @@ def families(cp) -> list:
         "Telemetry samples dropped because too many were waiting to be written.",
         value=cp.store.dropped_samples,
     )
+    paused = GaugeMetricFamily(
+        "drover_detection_paused",
+        "1 while replanning on detected stragglers is paused (drover detect pause; a restart resumes it).",
+        value=1.0 if cp.detection_paused else 0.0,
+    )
     out = [rate, compute, p2p, sync, step, step_time, samples, loss, lr, version, committed, pending]
-    return [*out, migrations, moved, agents, waiting, running, buffered, dropped]
+    return [*out, migrations, moved, agents, waiting, running, buffered, dropped, paused]
 
 
 def lag_of(sent_at: float, now: float) -> float:

@@ -17,7 +17,7 @@ from test_rollout import start_two_node_job, step_of
 
 from drover.control_plane.server import start_server, stop_server
 from drover.metrics import MetricsError
-from drover.v1 import agent_pb2, state_pb2
+from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
 from support import ROOT, eventually
 
@@ -62,6 +62,9 @@ async def test_a_straggler_and_its_plan_are_in_the_metrics(plane_factory):
     assert got[("drover_agents_connected", ())] == 2
     assert got[("drover_jobs_running", ())] == 1
     assert got[("drover_telemetry_lag_seconds_count", ())] >= 16
+    assert got[("drover_detection_paused", ())] == 0  # an operator sees a pause (in memory only) is on
+    await plane.jobs.SetDetection(jobs_pb2.SetDetectionRequest(paused=True))
+    assert (await asyncio.to_thread(scrape, plane.metrics_port))[("drover_detection_paused", ())] == 1
 
     # Every server metric the shipped Grafana dashboard queries is one the server exports.
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "drover-dashboard.json").read_text())

@@ -184,7 +184,10 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetDetection(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Pause or resume replanning on detected stragglers, for every job. Kept in
+        the server's memory: a restarted server detects again (the metric
+        drover_detection_paused shows which holds).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
