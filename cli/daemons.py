@@ -76,7 +76,7 @@ def run_until_stopped(main) -> None:
             loop.add_signal_handler(signum, stop)
         parent = os.environ.get(STOP_WITH_PARENT)
         if parent:
-            watcher = loop.create_task(_stop_when_orphaned(int(parent), stop))  # noqa: F841 (held by the loop)
+            watcher = loop.create_task(_stop_when_orphaned(int(parent), stop))  # noqa: F841 (the loop holds tasks weakly)
         try:
             await main
         except asyncio.CancelledError:

@@ -178,7 +178,10 @@ def error_of(exc: grpc.RpcError, plain: bool = False) -> DroverError:
             "the TLS handshake failed: check that the server serves TLS, that its certificate is signed by "
             f"the CA given (--ca) and names the address dialled ({details[:300]})",
         )
-    if plain and code == grpc.StatusCode.UNAVAILABLE and "socket closed" in details.lower():
+    # Closed while connecting, not mid-call: a server that dies during a stream reads
+    # "Stream removed (Socket closed)", which is no credentials mistake.
+    refused = "failed to connect to all addresses" in details and "socket closed" in details.lower()
+    if plain and code == grpc.StatusCode.UNAVAILABLE and refused:
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
             "the control plane closed a connection without TLS: a server started without --insecure serves "

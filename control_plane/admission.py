@@ -120,7 +120,10 @@ class Admission:
                 return None, f"waiting for {wanted.devices} free devices ({count} free now)"
             return whole_nodes_within(MAX_JOB_DEVICES, picked), ""
         if not free:
-            why = "every connected device runs another job" if nodes else "every connected node is drained"
+            if nodes:
+                why = "every connected device runs another job"
+            else:
+                why = "every connected node is drained" if self.outboxes else "no node is connected"
             return None, f"waiting for a free device: {why}"
         return whole_nodes_within(MAX_JOB_DEVICES, free), ""
 

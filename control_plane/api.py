@@ -328,15 +328,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         running = self.cp.jobs.get(job.id)
         nodes = sorted({d.split("/")[0] for d in ranks} | (running.former_nodes if running else set()))
         # Unknown ids are NOT_FOUND, as the service's comment says: a node the job never ran on, a
-        # device of none of its ranks (a node a recovery left out keeps any of its devices).
+        # device that node does not have (one a recovery left out keeps its logs: the traceback of
+        # the worker that died is what a user asks for).
         if request.node:
             if request.node not in nodes:
                 raise NotFound("node", request.node[:80], f"{job.id} ran on {', '.join(nodes)}")
             nodes = [request.node]
         if request.device:
             node = request.device.split("/")[0]
-            former = running.former_nodes if running else set()
-            if node not in nodes or (request.device not in ranks and node not in former):
+            known = await self.read(lambda s: {d.id for d in queries.devices_of(s, node)}) if node in nodes else set()
+            if node not in nodes or request.device not in known | set(ranks):
                 where = ", ".join(sorted(d for d in ranks if d.split("/")[0] in nodes)) or ", ".join(nodes)
                 raise NotFound("device", request.device[:80], f"{job.id} ran on {where}")
             nodes = [node]

@@ -160,9 +160,8 @@ def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_give
         recoveries = Recoveries(r.integer("max", 3, minimum=0, maximum=1000), r.integer("within_steps", 1000))
     name = f.get("name", "")
     # Printable: a name shows in tables and log lines, where a newline or an escape forges rows.
-    if not isinstance(name, (str, int, float)) or isinstance(name, bool) or len(str(name)) > 128:
-        raise f.error("name", name, "a name of at most 128 printable characters")
-    if not str(name).isprintable():
+    plain = isinstance(name, (str, int, float)) and not isinstance(name, bool)
+    if not plain or len(str(name)) > 128 or not str(name).isprintable():
         raise f.error("name", name, "a name of at most 128 printable characters")
     return JobSpec(model, model_data, training_from_job(f), resources, recoveries, str(name))
 

@@ -49,6 +49,8 @@ def cluster_of(nodes: list[tuple[str, list, list]]) -> Cluster:
     NODE/0: the recovery handed the dead device a rank and left the healthy one out.)"""
     out, missing = [], {}
     for name, devices, nics in nodes:
+        if not devices:
+            continue  # nothing of it is given: no GPU to plan
         first = devices[0]
         given = {int(d.id.rpartition("/")[2]) for d in devices}  # NODE/INDEX, as every hello's
         count = max(given) + 1

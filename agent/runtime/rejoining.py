@@ -110,9 +110,10 @@ class Rejoining:
         if not self.inputs.checkpoints or not complete_checkpoints(self.inputs.checkpoints):
             raise RuntimeError(f"parts {lost[:5]} were lost with every copy, and the job has no checkpoint")
         checkpoint = find_checkpoint(self.inputs.checkpoints)
+        saved_at = read_checkpoint_meta(checkpoint)["step"]  # its files checked before DCP reads them
         self.parts, self.state = {}, {}  # every worker rolls back to the same step
         record = self._switch(world.plan_version, self.committed, before=None, fill_from=checkpoint, started=lost_at)
-        redone = self.committed - read_checkpoint_meta(checkpoint)["step"]
+        redone = self.committed - saved_at
         self.committed -= redone
         self.curves.close()  # reopened at the step now redone, which purges what was logged from it on
         return record | {"step": self.committed, "recovered_from": "checkpoint", "steps_redone": redone}

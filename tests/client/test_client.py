@@ -78,3 +78,24 @@ async def test_the_asyncio_client(drover_control_plane, drover_agent):
         assert len(await drover.history(job.id)) == 30
         with pytest.raises(NotFound):
             await drover.get("job-404")
+
+
+def test_a_plain_connection_closed_mid_call_is_no_credentials_mistake():
+    # Only a connection closed while connecting means a TLS server: one that dies during a stream
+    # ("Stream removed (Socket closed)") read as "give --ca and --token-file".
+    from drover.client import Unauthenticated, Unavailable, error_of
+
+    class Failed(grpc.RpcError):
+        def __init__(self, details):
+            self._details = details
+
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return self._details
+
+    connecting = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Socket closed"
+    assert isinstance(error_of(Failed(connecting), plain=True), Unauthenticated)
+    assert isinstance(error_of(Failed("Stream removed (Socket closed)"), plain=True), Unavailable)
+    assert isinstance(error_of(Failed(connecting), plain=False), Unavailable)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from drover.control_plane import membership
 from drover.v1 import agent_pb2, jobs_pb2, state_pb2
 
@@ -210,3 +212,9 @@ async def test_a_stale_report_of_a_device_left_out_keeps_its_node(plane):
     assert "node-1" in plane.cp.outboxes  # its stream goes on
     running = plane.cp.jobs[job.id]
     assert "node-1/1" in running.ranks and running.generation == 1  # and no second recovery
+    # The dead worker's logs are still asked of its node (they were NOT_FOUND once it left the
+    # ranks): the call waits for node-1's agent, which this scripted one never answers.
+    logs = plane.jobs.StreamLogs(jobs_pb2.StreamLogsRequest(job_id=job.id, device="node-1/0"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(logs.read(), 0.5)
+    logs.cancel()
