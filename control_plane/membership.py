@@ -302,7 +302,8 @@ class Membership:
             return queries.add_plan(session, job.id, plan.to_dict(), reason, {}).version
 
         version = await self.store.write(store)
-        job.plan, job.version, job.ranks, job.nodes = plan, version, ranks, nodes
+        job.set_plan(plan, version)
+        job.ranks, job.nodes = ranks, nodes
         return agent_pb2.Recover(
             job_id=job.id,
             generation=job.generation,

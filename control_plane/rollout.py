@@ -137,7 +137,8 @@ class Rollouts:
             if job.generation != generation:
                 return None
             row = await self.store.write(lambda s: queries.add_plan(s, job.id, plan.to_dict(), reason, rates))
-            job.plan, job.version, job.planned_rates = plan, row.version, dict(rates)
+            job.set_plan(plan, row.version)
+            job.planned_rates = dict(rates)
             await self._event(job, "plan_pushed", {"plan_version": row.version, "reason": reason})
             for node in job.nodes:
                 if node in self.outboxes:

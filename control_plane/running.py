@@ -84,14 +84,21 @@ class RunningJob:
     history_step: int = -1  # the newest step kept in the job's history
     sizes: dict = field(default_factory=dict)  # plan version -> device -> TP size (tp_sizes)
 
+    def __post_init__(self):
+        self.set_plan(self.plan, self.version)
+
+    def set_plan(self, plan: Plan, version: int) -> None:
+        """The job's newest plan, and its devices' TP sizes kept for the telemetry still to come
+        under it (tp_sizes) after newer versions."""
+        self.plan, self.version = plan, version
+        self.sizes[version] = {d: len(s.devices) for p in plan.pipelines for s in p.stages for d in s.devices}
+        for old in sorted(self.sizes)[:-4]:
+            del self.sizes[old]
+
     def tp_sizes(self, version: int) -> dict[str, int]:
-        """device -> its stage's TP size under plan `version` (the newest known, for an older
-        one not kept): its share of a block's work is 1/t."""
-        if version == self.version and version not in self.sizes:
-            self.sizes[version] = {d: len(s.devices) for p in self.plan.pipelines for s in p.stages for d in s.devices}
-            for old in sorted(self.sizes)[:-4]:
-                del self.sizes[old]
-        return self.sizes.get(version) or (self.sizes[max(self.sizes)] if self.sizes else {})
+        """device -> its stage's TP size under plan `version` (the newest, for one older than
+        the last four): its share of a block's work is 1/t."""
+        return self.sizes.get(version) or self.sizes[max(self.sizes)]
 
     def rank0_node(self) -> str:
         return min(self.ranks, key=self.ranks.get).split("/")[0]

@@ -127,5 +127,8 @@ def test_each_devices_share_of_a_block_is_read_from_the_plan_it_ran():
     job = RunningJob("j", None, {}, [], MIXED_TP, 1, 1, {}, Detector())
     mixed = {"local/0": 2, "local/1": 2, "local/2": 1, "local/3": 1}
     assert job.tp_sizes(1) == mixed
-    job.plan, job.version = TP2, 2
+    job.set_plan(TP2, 2)
     assert job.tp_sizes(2) == dict.fromkeys(mixed, 2) and job.tp_sizes(1) == mixed  # a late sample of plan 1
+    job.set_plan(MIXED_TP, 3)
+    job.set_plan(TP2, 4)  # plan 3 replaced before any sample of it came: still known
+    assert job.tp_sizes(3) == mixed
