@@ -27,6 +27,9 @@ def _print(message, as_json: bool, render) -> None:
     click.echo(to_json(message) if as_json else render(message))
 
 
+DETAIL_WIDTH = 60  # a job's detail in the jobs table; job status adds it whole when longer
+
+
 def _job_rows(jobs) -> str:
     def figure(j, name: str, fmt: str) -> str:
         if not j.HasField("progress") or (name == "val_loss" and not j.progress.HasField("val_loss")):
@@ -47,7 +50,9 @@ def _job_rows(jobs) -> str:
                 figure(j, "tokens_per_s", ",.0f"),
                 j.plan_version,
                 j.committed_plan_version,
-                j.detail if len(j.detail) <= 60 else j.detail[:59] + "…",  # job status shows it whole
+                j.detail
+                if len(j.detail) <= DETAIL_WIDTH
+                else j.detail[: DETAIL_WIDTH - 1] + "…",  # whole in job status
             ]
             for j in jobs
         ],
@@ -105,7 +110,7 @@ def job_status(job_id: str, address: str, as_json: bool) -> None:
     failed job's cause)."""
 
     def render(j) -> str:
-        return _job_rows([j]) + (f"\ndetail: {j.detail}" if len(j.detail) > 60 else "")
+        return _job_rows([j]) + (f"\ndetail: {j.detail}" if len(j.detail) > DETAIL_WIDTH else "")
 
     _print(connect(address).get(job_id), as_json, render)
 

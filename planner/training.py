@@ -150,6 +150,10 @@ class Evaluation:
     every_steps: int
     samples: int = 64  # the first N windows of the validation split, the same each time
 
+    def batches(self, global_batch: int) -> int:
+        """The whole global batches an evaluation reads: `samples` rounded up."""
+        return -(-self.samples // global_batch)
+
 
 @dataclass(frozen=True)
 class Training:

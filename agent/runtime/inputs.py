@@ -12,7 +12,7 @@ from pathlib import Path
 
 from drover.planner.errors import SpecError
 from drover.planner.model import ModelSpec
-from drover.planner.training import SYNTHETIC, Training
+from drover.planner.training import SYNTHETIC, Evaluation, Training
 
 from .checkpoint import check_resumable, find_checkpoint
 from .data import Shards, Synthetic
@@ -30,11 +30,11 @@ class Inputs:
     checkpoints: Path | None  # where this job's checkpoints go
 
 
-def check_eval_samples(samples: int, windows: int, global_batch: int) -> None:
+def check_eval_samples(evaluation: Evaluation, windows: int, global_batch: int) -> None:
     """Evaluation reads whole global batches of distinct windows: past the split's windows it
     read the first ones again and called them more samples."""
-    most = windows // global_batch * global_batch
-    if -(-samples // global_batch) * global_batch > windows:
+    most, samples = windows // global_batch * global_batch, evaluation.samples
+    if evaluation.batches(global_batch) * global_batch > windows:
         allowed = (
             f"at most {most} (the val split holds {windows} windows, read in global batches of {global_batch})"
             if most
@@ -54,7 +54,7 @@ def open_inputs(spec: ModelSpec, training: Training, data_root: str | Path) -> I
         val = None
         if training.eval:
             val = Shards(shards, "val", spec.seq_len, spec.vocab, training.seed, spec.global_batch)
-            check_eval_samples(training.eval.samples, val.windows, spec.global_batch)
+            check_eval_samples(training.eval, val.windows, spec.global_batch)
     init = HfWeights(inside(root, training.init), spec) if training.init else None
     resume, start_step = None, 0
     if training.resume:

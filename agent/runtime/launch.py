@@ -18,7 +18,7 @@ from drover.planner.errors import PlanError, SpecError
 from drover.planner.model import ModelSpec
 from drover.planner.plan import Plan
 from drover.planner.ports import free_port
-from drover.planner.training import Training, lr_at
+from drover.planner.training import Evaluation, Training, lr_at
 
 from .checkpoint import model_meta
 from .handoff import WorkerArgs, pace, start_worker, worker_context
@@ -147,10 +147,10 @@ def wait_all(procs, tick: Callable[[], None] | None = None) -> None:
             other.join()
 
 
-def reference_eval(model, val, samples: int, spec: ModelSpec, done: int) -> dict:
+def reference_eval(model, val, evaluation: Evaluation, spec: ModelSpec, done: int) -> dict:
     """The validation loss the workers write to eval.jsonl: the first `samples` windows of the
     val split in whole global batches, batch i read as step i."""
-    batches = -(-samples // spec.global_batch)
+    batches = evaluation.batches(spec.global_batch)
     total = 0.0
     with torch.no_grad():
         for i in range(batches):
@@ -213,7 +213,7 @@ def train_reference(spec: ModelSpec, training: Training, out_dir: str | Path, da
             )
             done = step + 1
             if evaluation and (done % evaluation.every_steps == 0 or done == steps):
-                evals.write(json.dumps(reference_eval(model, inputs.val, evaluation.samples, spec, done)) + "\n")
+                evals.write(json.dumps(reference_eval(model, inputs.val, evaluation, spec, done)) + "\n")
     (out / "migrations.jsonl").write_text("")
     torch.save(model.state_dict(), out / "model.pt")
     (out / "model.json").write_text(json.dumps(model_meta(spec)))

@@ -187,7 +187,7 @@ class Worker(Rejoining, Switching):
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,
         in global batches, forward only through the current plan; every worker calls this."""
-        batches = -(-self.training.eval.samples // self.spec.global_batch)
+        batches = self.training.eval.batches(self.spec.global_batch)
         total = 0.0
         for i in range(batches):
             if self.rank in self.roles:
