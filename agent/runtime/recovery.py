@@ -21,7 +21,8 @@ by every worker, to the same step.
 
 A survivor can be blocked on a peer that is alive but gone from the world (in
 the middle of leaving it, or waiting for the next) rather than dead: no error
-reaches it until the collective times out. Its WorldWatch closes the lost
+reaches it until the collective times out. A worker leaving a world shuts its
+connections (close_connections), and each survivor's WorldWatch closes the lost
 world's connections once the inbox names a world without some member of it.
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import torch.distributed as dist
 from . import layout
 from .checkpoint import complete_checkpoints, find_checkpoint
 from .checkpoint import read_meta as read_checkpoint_meta
-from .recovery import COLLECTIVE_TIMEOUT_S, World, peer_lost, rendezvous_store, wait_for_world
+from .recovery import COLLECTIVE_TIMEOUT_S, World, close_connections, peer_lost, rendezvous_store, wait_for_world
+
+log = logging.getLogger("drover.worker")
 
 
 class LeftOut(Exception):
@@ -62,7 +65,8 @@ class Rejoining:
             self._leave_world()
 
     def _leave_world(self) -> None:
-        """Close every group, so that peers still waiting on this worker fail fast too."""
+        """Close every group and shut the world's connections, so that peers still waiting on
+        this worker fail fast too."""
         self.groups, self.tp_pg, self.sync_pgs, self.p2p_pgs = {}, None, [], {}
         # TP hooks hold their group: those of the blocks held now, and in the middle of a switch
         # those of the blocks of the plan before it (kept to go back to), given away or not.
@@ -75,6 +79,10 @@ class Rejoining:
         except Exception:  # noqa: BLE001 - a broken group may fail to close; it is gone either way
             pass
         gc.collect()  # the groups' sockets close when the last reference goes
+        # and whatever still holds one (a pending work, a frame) must not keep a peer blocked on
+        # this worker until the collective timeout: its sockets are shut all the same.
+        closed = close_connections()
+        log.info("%s left world %d (shut %d connections still open)", self.device_id, self.generation, closed)
 
     def _rejoin(self, world: World, lost_at: float) -> dict:
         """Agree on the step, take the new plan's parts, and return the recovery's record."""

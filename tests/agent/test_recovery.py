@@ -229,6 +229,7 @@ def _leave_holding_a_group_in_the_plan_before_a_switch(init: str, started, done)
     worker = object.__new__(Worker)  # only the state _leave_world reads
     worker.groups, worker.tp_pg, worker.sync_pgs, worker.p2p_pgs = {(0, 1): tp}, tp, [], {}
     worker.parts, worker.previous = {}, (None, 0, {0: block}, {}, {}, None)
+    worker.device_id, worker.generation = "local/0", 0
     del tp, block
     started.wait(30)
     time.sleep(1.0)  # rank 1 is blocked in the all-reduce by now
@@ -276,6 +277,52 @@ def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held():
                 proc.kill()
     assert peer_lost(RuntimeError(outcome)), outcome
     assert seconds < 20, f"the peer waited {seconds:.0f} s"
+
+
+def _leave_while_something_still_holds_the_group(init: str, started, done) -> None:
+    """Rank 0: leaves the world while a reference it forgot (a pending work, a frame) still
+    holds its group, and stays alive."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from drover.agent.runtime.worker import Worker
+
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=2, timeout=datetime.timedelta(seconds=60))
+    forgotten = dist.new_group([0, 1])
+    worker = object.__new__(Worker)  # only the state _leave_world reads
+    worker.groups, worker.tp_pg, worker.sync_pgs, worker.p2p_pgs = {(0, 1): forgotten}, None, [forgotten], {}
+    worker.parts, worker.previous, worker.device_id, worker.generation = {}, None, "local/0", 0
+    started.wait(30)
+    time.sleep(1.0)  # rank 1 is blocked in the all-reduce by now
+    worker._leave_world()
+    done.wait(90)
+    assert forgotten is not None
+
+
+def test_a_worker_leaving_a_world_frees_its_peers_even_while_something_holds_its_groups():
+    """The survivor that learns first that a peer is gone leaves the world; another survivor
+    may be blocked in a collective waiting on it (not on the dead peer). It must learn at once,
+    even if a reference the leaving worker kept holds the group: its connections are shut."""
+    ctx = worker_context()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    started, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
+    leaving = ctx.Process(target=_leave_while_something_still_holds_the_group, args=(init, started, done))
+    waiting = ctx.Process(target=_wait_in_the_old_group, args=(init, started, result))
+    leaving.start()
+    waiting.start()
+    try:
+        outcome, seconds = result.get(timeout=40)
+    except queue.Empty:
+        pytest.fail("the peer was still blocked after 40 s: the leaving worker's connections stayed open")
+    finally:
+        done.set()
+        for proc in (leaving, waiting):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert peer_lost(RuntimeError(outcome)), outcome
+    assert seconds < 10, f"the peer waited {seconds:.0f} s"
 
 
 def _stay_in_the_world_without_a_word(init: str, done) -> None:
