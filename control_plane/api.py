@@ -113,7 +113,11 @@ def _check(request) -> None:
     if isinstance(request, Malformed):
         raise InvalidArgument(f"the request is not a valid {request.message_type} message")
     if isinstance(request, Message):
-        check_bounds(request, type(request).__name__)
+        name = type(request).__name__
+        check_bounds(request, name)
+        # Every request with a job id is about one job: none is not "no such job" but a mistake.
+        if name.endswith("Request") and "job_id" in request.DESCRIPTOR.fields_by_name and not request.job_id:
+            raise InvalidArgument(f"{name}.job_id: '' is empty; a job's id is required (drover job list shows them)")
 
 
 def register(server: grpc.aio.Server, servicer, service) -> None:

@@ -153,6 +153,18 @@ async def test_unknown_ids_are_not_found(plane):
         assert code == grpc.StatusCode.NOT_FOUND and "nope" in details
 
 
+async def test_a_request_without_its_job_id_is_invalid_not_an_unknown_job(plane):
+    jobs = plane.jobs
+    for call in (
+        jobs.GetJob(jobs_pb2.GetJobRequest()),
+        jobs.CancelJob(jobs_pb2.CancelJobRequest()),
+        jobs.ListEvents(jobs_pb2.ListEventsRequest()),
+        jobs.QueryHistory(jobs_pb2.QueryHistoryRequest()),
+    ):
+        code, details = await code_of(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "job_id: '' is empty" in details, details
+
+
 async def test_preconditions_and_bad_values(plane):
     jobs = plane.jobs
     code, details = await code_of(jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(JOB))))
