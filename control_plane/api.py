@@ -13,6 +13,8 @@ import functools
 import inspect
 import json
 import logging
+import math
+import time
 from urllib.parse import unquote
 
 import grpc
@@ -90,9 +92,28 @@ SERVER_LIMITS = [
 ]
 
 
+# A refused caller is logged once per REFUSALS_LOGGED_EVERY_S per peer and method: an operator
+# sees a leaked token or a misconfigured agent, and a hostile peer cannot flood the log.
+REFUSALS_LOGGED_EVERY_S = 60.0
+_refusals_logged: dict[tuple[str, str], float] = {}
+
+
+def _log_refusal(exc: Exception, context, method: str) -> None:
+    peer = _peer_host(context.peer())
+    now = time.monotonic()
+    if now - _refusals_logged.get((peer, method), -math.inf) < REFUSALS_LOGGED_EVERY_S:
+        return
+    if len(_refusals_logged) >= 4096:  # peers seen long ago go first
+        _refusals_logged.clear()
+    _refusals_logged[peer, method] = now
+    log.warning("refused %s from %s: %s", method, peer, str(exc)[:200])
+
+
 async def _abort_for(exc: Exception, context, method: str) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc  # already a status
+    if isinstance(exc, (Unauthenticated, PermissionDenied)):
+        _log_refusal(exc, context, method)
     for kinds, code in STATUS_OF:
         if isinstance(exc, kinds):
             await context.abort(code, str(exc))

@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from drover.agent.daemon import _credentials as agent_credentials
 from drover.client import Client, Target, Unauthenticated, job_spec
+from drover.control_plane import api
 from drover.control_plane.api import ROLE_OF
 from drover.control_plane.identity import make_credentials
 from drover.control_plane.server import start_server, stop_server
@@ -95,6 +96,25 @@ async def test_roles_decide_what_a_client_may_do(served, certs):
     # Emulation is off unless the server is started with it, even for an admin.
     straggle = jobs_pb2.StraggleRequest(device="node-0/0", rate=2.0)
     assert await code_of(admin.Straggle(straggle)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_refused_callers_are_logged_once_a_minute_per_peer_and_method(served, certs, caplog, monkeypatch):
+    monkeypatch.setattr(api, "_refusals_logged", {})
+    reader = client(served, certs, token_of(certs, "reader"))
+    for _ in range(3):
+        submit = reader.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB)))
+        assert await code_of(submit) == grpc.StatusCode.PERMISSION_DENIED
+    assert await code_of(client(served, certs, "not-a-token").ListJobs(jobs_pb2.ListJobsRequest()))
+    impostor = ScriptedAgent(agent_stub(served, certs, "node-0"), "node-1")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await impostor.receive()
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+    assert len(refused) == 3, refused
+    submit, listing, hello = refused
+    assert submit.startswith("refused SubmitJob from 127.0.0.1:") and "role reader" in submit
+    assert listing.startswith("refused ListJobs from 127.0.0.1:") and "bearer token" in listing
+    assert hello.startswith("refused Connect from 127.0.0.1:") and "node-0" in hello
+    assert "not-a-token" not in "".join(refused)
 
 
 async def test_a_plain_connection_is_refused(served):
