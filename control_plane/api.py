@@ -401,7 +401,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return plan_message(await self.read(lambda s: queries.get_plan(s, request.job_id, version)))
 
     async def SetDetection(self, request, context):
-        self.cp.detection_paused = request.paused
+        await self.cp.pause_detection(request.paused)
         return jobs_pb2.SetDetectionResponse(paused=request.paused)
 
     async def DrainNode(self, request, context):

@@ -78,6 +78,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
         """Rebuild running jobs from storage (after a restart)."""
 
         def load(session):
+            self.detection_paused = queries.setting(session, "detection_paused", False)
             for node in queries.nodes(session):
                 node.connected = False  # until its agent says hello again
             self.pending = [job.id for job in queries.jobs(session) if job.state == "pending"]
@@ -105,6 +106,12 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
             )
         for node in sorted({n for job in self.jobs.values() for n in job.nodes}):
             self._expect_back(node)  # a node that never comes back fails its jobs, as after a disconnect
+
+    async def pause_detection(self, paused: bool) -> None:
+        """Pause (or resume) replanning on detected stragglers, for every job; stored, so a
+        restarted control plane keeps it."""
+        await self.store.write(lambda s: queries.set_setting(s, "detection_paused", paused))
+        self.detection_paused = paused
 
     async def _stored_spec(self, row: Job) -> JobSpec | None:
         """A stored job's spec; None, with the job failed, if this version cannot read it (its

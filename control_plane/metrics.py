@@ -118,7 +118,7 @@ def families(cp) -> list:
     )
     paused = GaugeMetricFamily(
         "drover_detection_paused",
-        "1 while replanning on detected stragglers is paused (drover detect pause; a restart resumes it).",
+        "1 while replanning on detected stragglers is paused (drover detect pause; stored, it outlives a restart).",
         value=1.0 if cp.detection_paused else 0.0,
     )
     out = [rate, compute, p2p, sync, step, step_time, samples, loss, lr, version, committed, pending]

@@ -151,3 +151,11 @@ class Event(Base):
     step: Mapped[int] = mapped_column(INT64)
     kind: Mapped[str] = mapped_column(String)
     details_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Setting(Base):
+    """A control-plane-wide setting that outlives a restart (detection paused), as JSON."""
+
+    __tablename__ = "settings"
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    value_json: Mapped[str] = mapped_column(Text)

@@ -10,7 +10,7 @@ import time
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from .models import Device, Event, HistoryPoint, Job, JobProgress, Link, Nic, Node, Plan, TelemetrySample
+from .models import Device, Event, HistoryPoint, Job, JobProgress, Link, Nic, Node, Plan, Setting, TelemetrySample
 
 
 class NotFound(LookupError):
@@ -115,6 +115,16 @@ def _get(session: Session, model, key, kind: str, shown: str):
 
 def get_node(session: Session, name: str) -> Node:
     return _get(session, Node, name, "node", name)
+
+
+def setting(session: Session, name: str, default):
+    """A control-plane-wide setting as stored, or `default` if never set."""
+    row = session.get(Setting, name)
+    return default if row is None else json.loads(row.value_json)
+
+
+def set_setting(session: Session, name: str, value) -> None:
+    session.merge(Setting(name=name, value_json=json.dumps(value)))
 
 
 def nodes(session: Session, offset: int = 0, limit: int | None = None) -> list[Node]:

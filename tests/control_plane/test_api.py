@@ -19,7 +19,7 @@ from drover.storage.models import TelemetrySample
 from drover.v1 import agent_pb2, jobs_pb2, jobspec_pb2, state_pb2
 
 from support import TINY_JOB as JOB
-from support import cpu_device, eventually
+from support import cpu_device, eventually, serve_plane
 
 
 async def code_of(call) -> grpc.StatusCode:
@@ -163,6 +163,24 @@ async def test_a_request_without_its_job_id_is_invalid_not_an_unknown_job(plane)
     ):
         code, details = await code_of(call)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "job_id: '' is empty" in details, details
+
+
+async def test_a_detection_pause_outlives_a_restart_of_the_control_plane(tmp_path):
+    plane, stop = await serve_plane(tmp_path)
+    assert not plane.cp.detection_paused
+    assert (await plane.jobs.SetDetection(jobs_pb2.SetDetectionRequest(paused=True))).paused
+    await stop()
+    plane, stop = await serve_plane(tmp_path)  # the same database
+    try:
+        assert plane.cp.detection_paused
+        await plane.jobs.SetDetection(jobs_pb2.SetDetectionRequest(paused=False))
+    finally:
+        await stop()
+    plane, stop = await serve_plane(tmp_path)
+    try:
+        assert not plane.cp.detection_paused
+    finally:
+        await stop()
 
 
 async def test_preconditions_and_bad_values(plane):

@@ -62,7 +62,7 @@ async def test_a_straggler_and_its_plan_are_in_the_metrics(plane_factory):
     assert got[("drover_agents_connected", ())] == 2
     assert got[("drover_jobs_running", ())] == 1
     assert got[("drover_telemetry_lag_seconds_count", ())] >= 16
-    assert got[("drover_detection_paused", ())] == 0  # an operator sees a pause (in memory only) is on
+    assert got[("drover_detection_paused", ())] == 0  # an operator sees whether a pause is on
     await plane.jobs.SetDetection(jobs_pb2.SetDetectionRequest(paused=True))
     assert (await asyncio.to_thread(scrape, plane.metrics_port))[("drover_detection_paused", ())] == 1
 

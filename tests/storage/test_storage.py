@@ -213,7 +213,7 @@ def test_a_nics_measure_is_its_newest_round_of_probes(store):
 
 
 def test_a_database_from_before_migrations_is_upgraded_and_keeps_its_rows(tmp_path):
-    """As the last release without migrations made it (no alembic_version, no job_history), and
+    """As the last release without migrations made it (no alembic_version, job_history or settings), and
     older still: without columns that release had added."""
     path = tmp_path / "old.db"
     Store(sqlite_url(str(path)), create=True).write_sync(
@@ -222,6 +222,7 @@ def test_a_database_from_before_migrations_is_upgraded_and_keeps_its_rows(tmp_pa
     with sqlite3.connect(path) as old:
         old.execute("DROP TABLE alembic_version")
         old.execute("DROP TABLE job_history")
+        old.execute("DROP TABLE settings")
         for table, column in [("nodes", "probe_port"), ("nics", "address"), ("nics", "measured_gbps")]:
             old.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     store = Store(sqlite_url(str(path)))
@@ -229,7 +230,7 @@ def test_a_database_from_before_migrations_is_upgraded_and_keeps_its_rows(tmp_pa
     assert (nic.gbps, nic.address, nic.measured_gbps) == (200.0, "", 0.0)
     assert store.read(lambda s: queries.get_node(s, "n")).probe_port == 0
     with sqlite3.connect(path) as upgraded:
-        assert upgraded.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]
+        assert upgraded.execute("SELECT version_num FROM alembic_version").fetchall() == [("0003",)]
         assert upgraded.execute("SELECT count(*) FROM job_history").fetchone() == (0,)
 
 
@@ -238,7 +239,7 @@ def test_the_migrations_make_exactly_the_schema_of_the_models(database_url):
     engine = create_engine(database_url)
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
-        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0002"
+        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0003"
         if engine.dialect.name == "postgresql":  # ids count past 2^31 (8,000 samples a second: 3 days)
             kinds = connection.exec_driver_sql("SELECT sequence_name, data_type FROM information_schema.sequences")
             assert dict(kinds.fetchall()) == {
@@ -267,5 +268,9 @@ def test_a_database_of_the_previous_release_is_upgraded_and_keeps_its_rows(datab
     huge = (1 << 63) - 1  # 64-bit now, PostgreSQL included
     store.write_sync(lambda s: setattr(queries.get_job(s, "j1"), "seed", huge))
     assert store.read(lambda s: queries.get_job(s, "j1")).seed == huge
-    assert store.read(lambda s: queries.history(s, "j1")) == []  # the new table is there
+    assert store.read(lambda s: queries.history(s, "j1")) == []  # the new tables are there
+    assert store.read(lambda s: queries.setting(s, "detection_paused", "unset")) == "unset"
+    store.write_sync(lambda s: queries.set_setting(s, "detection_paused", True))
+    store.write_sync(lambda s: queries.set_setting(s, "detection_paused", False))  # replaces it
+    assert store.read(lambda s: queries.setting(s, "detection_paused", "unset")) is False
     store.close()
