@@ -28,6 +28,7 @@ log = logging.getLogger("drover.metrics")
 SNAPSHOT_TIMEOUT_S = 5.0  # a scrape waits this long for a busy event loop, then gets the histograms only
 SOCKET_TIMEOUT_S = 10.0  # a scraper's handshake and request take at most this
 MAX_CONNECTIONS = 16  # scrapes served at once
+MAX_PER_CLIENT = 4  # of them from one address: one client that stalls cannot hold them all
 
 
 class MetricsError(RuntimeError):
@@ -86,18 +87,29 @@ class _Server(ThreadingMixIn, WSGIServer):
     block_on_close = False  # stopping does not wait for a slow client's thread
     context: ssl.SSLContext | None = None
     connections: threading.BoundedSemaphore  # each server's own (serve)
+    per_client: dict[str, int]  # address -> its connections open now (serve)
+    counting: threading.Lock
 
     def process_request(self, request, client_address) -> None:
-        if not self.connections.acquire(blocking=False):  # a flood of connections: the rest are closed
-            self.shutdown_request(request)
-            return
+        with self.counting:
+            host = client_address[0]
+            # A flood of connections, or too many from one client: the rest are closed.
+            if self.per_client.get(host, 0) >= MAX_PER_CLIENT or not self.connections.acquire(blocking=False):
+                self.shutdown_request(request)
+                return
+            self.per_client[host] = self.per_client.get(host, 0) + 1
         super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.connections.release()
+            with self.counting:
+                host = client_address[0]
+                self.per_client[host] -= 1
+                if not self.per_client[host]:
+                    del self.per_client[host]
+                self.connections.release()
 
     def finish_request(self, request, client_address) -> None:
         if self.context is not None:
@@ -118,6 +130,8 @@ def serve(address: str, registry: CollectorRegistry, tls: tuple[Path, Path] | No
     class Server(_Server):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         connections = threading.BoundedSemaphore(MAX_CONNECTIONS)  # this server's own
+        per_client: dict[str, int] = {}
+        counting = threading.Lock()
 
     if tls:
         Server.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -117,3 +117,27 @@ def test_a_client_that_never_speaks_holds_up_no_scrape_and_stop_lets_go_of_the_p
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
         again.listen()
+
+
+def test_one_client_holding_many_idle_connections_leaves_room_for_the_scraper():
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from drover.metrics import MAX_CONNECTIONS, serve, stop
+
+    registry = CollectorRegistry()
+    Gauge("drover_test_value", "A value.", registry=registry).set(7)
+    server, port = serve("127.0.0.1:0", registry)
+    stalled = []
+    try:
+        for _ in range(MAX_CONNECTIONS):  # from another address: connects, never sends a request
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", port))
+            stalled.append(s)
+        time.sleep(0.5)  # all accepted (or shut) by now
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert "drover_test_value 7.0" in response.read().decode()
+    finally:
+        for s in stalled:
+            s.close()
+        stop(server)
