@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime
 import ipaddress
 import json
@@ -11,6 +12,8 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 from pathlib import Path
 
 import click
@@ -125,12 +128,52 @@ def log_options(command):
 
 
 def _log_to_stderr(log_format: str = "text", log_level: str = "info") -> None:
-    handler = logging.StreamHandler()
     if log_format == "json":
+        handler = logging.StreamHandler(_stderr_as_json_lines())
         handler.setFormatter(JsonLines())
     else:
+        handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
+
+
+# gRPC's C core writes "E1207 06:12:00.123456 12345 file.cc:12] message" (its level first).
+_CORE_LEVELS = {"E": logging.ERROR, "W": logging.WARNING, "I": logging.INFO, "D": logging.DEBUG}
+
+
+def _stderr_as_json_lines():
+    """With --log-format json, whatever else writes to the process's stderr (gRPC's C core, an
+    uncaught exception's traceback, Python's warnings) comes out as JSON lines too: fd 2 becomes
+    a pipe whose lines a thread logs as logger "stderr". Returns the real stderr, for the log's
+    own handler. An uncaught exception is logged whole, as one line with its traceback."""
+    real = os.fdopen(os.dup(2), "w", buffering=1)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    stderr_log = logging.getLogger("stderr")
+
+    def relay() -> None:
+        with os.fdopen(read, errors="replace") as lines:
+            for line in lines:
+                line = line.rstrip("\n")
+                if line:
+                    stderr_log.log(
+                        _CORE_LEVELS.get(line[:1], logging.ERROR) if line[1:2].isdigit() else logging.ERROR, line
+                    )
+
+    relaying = threading.Thread(target=relay, name="stderr-as-json", daemon=True)
+    relaying.start()
+
+    def uncaught(kind, exc, tb) -> None:
+        logging.getLogger("drover").critical("uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb))
+
+    def drain() -> None:  # at exit: what is still in the pipe is logged before the process goes
+        os.dup2(real.fileno(), 2)  # the pipe's last writer closed: the relay reads to its end
+        relaying.join(1.0)
+
+    sys.excepthook = uncaught
+    atexit.register(drain)
+    return real
 
 
 def detector_options(command):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import click
 import pytest
@@ -426,3 +428,28 @@ def test_a_job_with_no_step_yet_shows_none_not_minus_one():
 
     shown = _job_rows([jobs_pb2.Job(id="job-1", model_name="tiny", step=-1, steps=30)]).splitlines()[-1].split()
     assert shown[:5] == ["job-1", "unspecified", "tiny", "-", "30"]
+
+
+def test_json_logs_carry_what_else_writes_to_stderr_as_json_lines(tmp_path):
+    """--log-format json: gRPC's C-core lines, warnings and an uncaught exception are JSON lines
+    too, for a log shipper that parses every line."""
+    script = tmp_path / "daemon.py"
+    script.write_text(
+        "import logging, os, warnings\n"
+        "from drover.cli.daemons import _log_to_stderr\n"
+        "_log_to_stderr('json')\n"
+        "logging.getLogger('drover.server').info('serving')\n"
+        "os.write(2, b'E1207 06:12:00.123456 12345 ssl_transport.cc:12] handshake failed\\n')\n"
+        "warnings.warn('careful')\n"
+        "raise RuntimeError('start-up failed')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # each one JSON
+    by_message = {line["message"]: line for line in lines}
+    assert by_message["serving"]["logger"] == "drover.server"
+    core = by_message["E1207 06:12:00.123456 12345 ssl_transport.cc:12] handshake failed"]
+    assert (core["logger"], core["level"]) == ("stderr", "error")
+    assert any("UserWarning: careful" in m for m in by_message)
+    crash = by_message["uncaught RuntimeError: start-up failed"]
+    assert crash["level"] == "critical" and "Traceback" in crash["exception"]
