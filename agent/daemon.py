@@ -31,7 +31,7 @@ from .runtime.handoff import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
 
 MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane keeps as many)
-MAX_STEPS_SENT = 256  # steps' progress per telemetry message, the newest (the rest are not sent)
+MAX_STEPS_SENT = 256  # steps' progress per telemetry message, the oldest not yet sent
 
 log = logging.getLogger("drover.agent")
 # An attempt is one TCP connection, cheap for a control plane even from a thousand agents,
@@ -131,6 +131,7 @@ class Agent:
         self.abandoned: set[asyncio.Future] = set()  # job starts whose waiting was cancelled (off_the_loop)
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
+        self._steps_to_send: dict[str, list[dict]] = {}  # job -> steps' figures not yet sent, oldest first
         self._ended_at: dict[str, float] = {}  # job -> when its end first went up (monotonic)
         self._last_sent: dict[str, float] = {}  # job -> when its last telemetry went up
         self._probing: set[asyncio.Task] = set()
@@ -200,6 +201,8 @@ class Agent:
             self._outbox = outbox
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
             self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
+            # The newest steps again, then those run while no stream was up: none is lost.
+            self._steps_to_send = {job_id: list(w.recent_steps) for job_id, w in self.jobs.items()}
 
             # Written from a task of our own, not read by gRPC from an async generator: a stream
             # that failed while the generator awaited its next message (a refused call, an agent
@@ -215,7 +218,7 @@ class Agent:
                     return  # the call has ended: reading it says how
 
             sender = asyncio.create_task(send_forever())
-            ticker = asyncio.create_task(self._tick_forever(outbox))
+            ticker = None
             try:
                 # Sent once the control plane has taken the hello (a server before that sent it with
                 # its first message, which is then when this returns): logged "connected" at the first
@@ -224,11 +227,15 @@ class Agent:
                 if not call.done():  # (a refused hello ends the call with no metadata)
                     self.connected, self.connections = True, self.connections + 1
                     log.info("connected to the control plane at %s", self.address, extra={"event": "connected"})
+                    # Only now: a tick takes the workers' new lines, and those of a stream that
+                    # never came up were lost with it (steps run while the control plane was down).
+                    ticker = asyncio.create_task(self._tick_forever(outbox))
                 async for message in call:
                     await self._apply(message)
             finally:
                 self.connected = False
-                ticker.cancel()
+                if ticker is not None:
+                    ticker.cancel()
                 sender.cancel()
                 call.cancel()
                 for reader, _ in self._log_readers.values():  # their requests ended with the stream
@@ -442,7 +449,10 @@ class Agent:
             )
             for m in workers.new_migrations()
         ]
-        steps, stalled, lost = workers.new_progress()[-MAX_STEPS_SENT:], workers.stalled(), workers.lost_devices()
+        # Oldest first, at most MAX_STEPS_SENT a message: the rest wait for the next ticks.
+        backlog = self._steps_to_send.get(job_id, []) + workers.new_progress()
+        steps, self._steps_to_send[job_id] = backlog[:MAX_STEPS_SENT], backlog[MAX_STEPS_SENT:]
+        stalled, lost = workers.stalled(), workers.lost_devices()
         progress = steps[-1] if steps else None
         links = self._links.get(job_id, [])[:MAX_LINKS_SENT]
         self._links[job_id] = self._links.get(job_id, [])[MAX_LINKS_SENT:]
@@ -467,7 +477,7 @@ class Agent:
                     )
                 )
             )
-        if workers.state()[0] != "running":  # the end, once per stream
+        if workers.state()[0] != "running" and not self._steps_to_send[job_id]:  # the end, once per stream, last
             out.append(agent_pb2.AgentMessage(status=self._status(job_id, workers)))
             self._reported.add(job_id)
             self._ended_at.setdefault(job_id, time.monotonic())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from pathlib import Path
 
 from drover.planner.model import ModelSpec, model_from_dict
@@ -23,6 +24,11 @@ from .runtime.handoff import (
     telemetry_file,
     worker_context,
 )
+
+# A control plane stores a job's history in batches (every second): the steps of the newest
+# batch are lost with it if it is killed. An agent sends this many newest steps again on a new
+# stream; the control plane keeps each step once.
+RESENT_STEPS = 256
 
 
 def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Training]:
@@ -138,6 +144,9 @@ class JobWorkers:
                 (self.out_dir / name).unlink(missing_ok=True)
         self.tokens_per_sample = spec.seq_len
         self.progress: dict | None = None
+        # The newest steps' figures new_progress gave: sent again on a new stream, since the
+        # control plane may have lost those it had not yet stored (it keeps each step once).
+        self.recent_steps: deque[dict] = deque(maxlen=RESENT_STEPS)
         self.procs = {}
         self.dropped: set[str] = set()  # devices reported lost: the job goes on without them
         for device, rank in sorted(self.local.items(), key=lambda item: item[1]):
@@ -236,6 +245,7 @@ class JobWorkers:
         if evals and not steps and "step" in progress:
             out.append(dict(progress))  # a new validation loss for the step already reported
         self.progress = progress
+        self.recent_steps.extend(out)
         return out
 
     def new_migrations(self) -> list[dict]:

@@ -82,9 +82,13 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
             for node in queries.nodes(session):
                 node.connected = False  # until its agent says hello again
             self.pending = [job.id for job in queries.jobs(session) if job.state == "pending"]
-            return [(job, queries.get_plan(session, job.id)) for job in queries.jobs(session) if job.state == "running"]
+            return [
+                (job, queries.get_plan(session, job.id), queries.newest_history_step(session, job.id))
+                for job in queries.jobs(session)
+                if job.state == "running"
+            ]
 
-        for job, plan_row in await self.store.write(load):
+        for job, plan_row, history_step in await self.store.write(load):
             spec = await self._stored_spec(job)
             if spec is None:
                 continue
@@ -102,6 +106,7 @@ class ControlPlane(Membership, Admission, Intake, Rollouts):
                     Detector(self.settings),
                     step=job.step,
                     out_dir=job.out_dir,
+                    history_step=history_step,  # agents send their newest steps again: kept once
                 )
             )
         for node in sorted({n for job in self.jobs.values() for n in job.nodes}):

@@ -218,6 +218,12 @@ def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100)
     return list(session.scalars(query.order_by(TelemetrySample.id.desc()).limit(limit)))
 
 
+def newest_history_step(session: Session, job_id: str) -> int:
+    """The newest step stored in the job's history; -1 if none."""
+    newest = session.scalar(select(func.max(HistoryPoint.step)).where(HistoryPoint.job_id == job_id))
+    return -1 if newest is None else newest
+
+
 def history(session: Session, job_id: str, offset: int = 0, limit: int = 1000) -> list[HistoryPoint]:
     """The job's history points in the order they came (steps redone after a rollback twice)."""
     query = select(HistoryPoint).where(HistoryPoint.job_id == job_id).order_by(HistoryPoint.id)
