@@ -19,6 +19,7 @@ from .runtime.handoff import (
     check_inputs,
     inside,
     new_lines,
+    no_links_out,
     pace,
     start_worker,
     telemetry_file,
@@ -131,13 +132,16 @@ class JobWorkers:
             raise ValueError(f"job id {job_id[:80]!r}: letters, digits, '_', '.' and '-' only")
         self.inbox = inside(inbox_root, job_id)
         (self.inbox / "logs").mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         self.local = {d: r for d, r in ranks.items() if d.startswith(node + "/")}
         self.hosts_rank0 = 0 in self.local.values()
         spec, training = worker_job(model, steps, seed)
         if spec.family == "custom":
             allow_entry_point(spec.entry_point, model_modules)
         check_inputs(spec, training, data_root)  # a missing or bad input fails the job here, with its cause
+        no_links_out(data_root, self.out_dir)
+        if training.checkpoint is not None:
+            no_links_out(data_root, inside(data_root, training.checkpoint.dir))
+        (self.out_dir / "telemetry").mkdir(parents=True, exist_ok=True)
         ctx = worker_context()
         if self.hosts_rank0:  # rank 0 rewrites these; an earlier job's must not be read meanwhile
             for name in ("migrations.jsonl", "trace.jsonl", "eval.jsonl"):

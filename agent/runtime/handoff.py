@@ -56,6 +56,28 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
+MAX_CHECKED_ENTRIES = 100_000  # a folder a job writes, walked for links: past this, refused
+
+
+def no_links_out(root: Path, folder: Path) -> None:
+    """Refuse a folder a job writes (its output, its checkpoints) if anything in it is a symbolic
+    link leading outside `root`: the workers' files would follow it (a `model.pt` linked to a
+    file elsewhere is overwritten). `inside` checks the folder's own path; this, what is in it,
+    as the job starts. Links that stay inside the root are the user's business."""
+    if not folder.is_dir():
+        return
+    root = root.resolve()
+    seen = 0
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            seen += 1
+            if seen > MAX_CHECKED_ENTRIES:
+                raise ValueError(f"{folder} holds more than {MAX_CHECKED_ENTRIES:,} entries: give the job a new folder")
+            path = Path(here) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise ValueError(f"{path} is a link to {path.resolve()}, outside {root}: the job would write there")
+
+
 def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
     """The complete JSON lines a worker appended to `path` after byte `offset`, and the offset
     after them (a line still being written waits for the next call)."""

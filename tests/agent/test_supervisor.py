@@ -29,6 +29,28 @@ def test_inside_follows_no_symlink_out(tmp_path):
         inside(tmp_path / "root", "link/out")
 
 
+@pytest.mark.parametrize("linked", ["model.pt", "telemetry", "ckpt/step-4"])
+def test_a_job_whose_folders_hold_a_link_out_of_the_data_root_does_not_start(tmp_path, linked):
+    """A user who can write into the data root links a file the job writes (its model, its
+    telemetry folder, a checkpoint) to one elsewhere: the job is refused, the file untouched."""
+    from drover.agent.supervisor import JobWorkers
+
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    (root / "out").mkdir(parents=True)
+    (root / "ckpt").mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_text("precious")
+    (root / "out" / "inside").symlink_to(root / "ckpt")  # stays in the root: allowed
+    target = root / ("out" if linked != "ckpt/step-4" else "") / linked
+    target.symlink_to(elsewhere / "victim")
+    model = {"name": "t", "layers": 2, "hidden": 16, "ffn_hidden": 32, "heads": 2, "seq_len": 8, "vocab": 32}
+    job = {"model": model | {"global_batch": 4, "micro_batch": 2}, "checkpoint": {"dir": "ckpt", "every_steps": 1}}
+    with pytest.raises(ValueError, match="outside"):
+        ranks, master = {"node-0/0": 0}, "tcp://127.0.0.1:1"
+        JobWorkers("j1", job, 2, 0, 1, ranks, master, None, root / "out", "node-0", tmp_path, root)
+    assert (elsewhere / "victim").read_text() == "precious" and list(elsewhere.iterdir()) == [elsewhere / "victim"]
+
+
 def test_a_job_that_cannot_start_reports_failed_with_its_cause():
     job = FailedHere("workers could not start on node-0: out dir is read-only")
     assert job.state() == ("failed", "workers could not start on node-0: out dir is read-only")
