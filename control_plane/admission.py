@@ -236,6 +236,14 @@ class Admission:
         return job_row
 
     async def cancel(self, job_id: str) -> Job:
+        if job_id not in self.jobs:
+            # Not while pending jobs are being placed: this one may be planned and started in the
+            # meantime (it would run on, reported cancelled). After, it is pending or running.
+            async with self._placing:
+                return await self._cancel(job_id)
+        return await self._cancel(job_id)
+
+    async def _cancel(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
         if job is not None:
             self._cancel_workers(job)

@@ -5,6 +5,7 @@ devices, and drained nodes get none."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -160,3 +161,44 @@ async def test_two_jobs_never_write_to_one_folder(plane, first, second, field):
     assert info.value.details().startswith(f"{field} = ") and running.id in info.value.details()
     await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=running.id))
     assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED  # free once the other ended
+
+
+async def test_a_pending_job_cancelled_while_it_is_being_placed_never_runs(plane, monkeypatch):
+    """Security review: a cancel landing while the queue's next job was planned answered
+    'cancelled while pending', and the job then started and trained on, reported cancelled."""
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    first = await plane.submit()
+    await agent.receive()
+    queued = await plane.submit()
+    planning, release = asyncio.Event(), asyncio.Event()
+    plan = plane.cp._plan
+
+    async def slow_plan(spec, nodes):
+        planning.set()
+        await release.wait()
+        return await plan(spec, nodes)
+
+    monkeypatch.setattr(plane.cp, "_plan", slow_plan)
+    await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=first.id))  # the queued job is placed next
+    await asyncio.wait_for(planning.wait(), 10)
+    cancel = asyncio.ensure_future(plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=queued.id)))
+    await asyncio.sleep(0.3)
+    release.set()
+    cancelled = await asyncio.wait_for(cancel, 10)
+    assert cancelled.state == state_pb2.JOB_STATE_CANCELLED
+    assert queued.id not in plane.cp.jobs  # nothing runs it
+    await asyncio.sleep(0.5)
+    assert (await state_of(plane, queued.id)).state == state_pb2.JOB_STATE_CANCELLED
+    told = [m async for m in _until_quiet(agent)]  # the first job's cancel, then the queued one's start
+    started = [m.start_job.job_id for m in told if m.WhichOneof("body") == "start_job"]
+    stopped = [m.command.cancel.job_id for m in told if m.WhichOneof("body") == "command"]
+    assert started == [queued.id] and stopped == [first.id, queued.id], told  # started, then stopped
+
+
+async def _until_quiet(agent):
+    while True:
+        try:
+            yield await agent.receive(timeout_s=0.5)
+        except TimeoutError:
+            return
