@@ -139,6 +139,9 @@ LIMITS = {
     "global_batch": 1 << 20,
 }
 MAX_MICRO_BATCHES = 1 << 16
+# A GPU's share of its peak FLOP/s a block reaches: below 0.1% no job is worth planning, and at
+# 5e-324 a block's time overflowed to infinity and planning divided by zero.
+MIN_MFU = 1e-3
 
 
 def default_ffn_hidden(family: str, hidden: int) -> int:
@@ -190,11 +193,11 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         vocab=f.integer("vocab", maximum=LIMITS["vocab"]),
         global_batch=global_batch,
         micro_batch=micro_batch,
-        mfu=f.number("mfu", 0.5, maximum=1.0),
+        mfu=f.number("mfu", 0.5, minimum=MIN_MFU, exclusive=False, maximum=1.0),
         family=family,
         kv_heads=kv_heads,
-        rope_theta=f.number("rope_theta", 10_000.0, maximum=1e9),
-        norm_eps=f.number("norm_eps", 1e-5, maximum=0.1),
+        rope_theta=f.number("rope_theta", 10_000.0, minimum=1.0, exclusive=False, maximum=1e9),
+        norm_eps=f.number("norm_eps", 1e-5, minimum=1e-12, exclusive=False, maximum=0.1),
         entry_point=entry_point,
         counted=counted,
     )

@@ -267,6 +267,9 @@ GOOD_MODEL = {
         ({"heads": 3}, "heads"),
         ({"micro_batch": 3}, "micro_batch"),
         ({"mfu": 1.5}, "mfu"),
+        ({"mfu": 5e-324}, "mfu"),  # planning divided by zero
+        ({"rope_theta": 5e-324}, "rope_theta"),
+        ({"norm_eps": 5e-324}, "norm_eps"),
         ({"vocab": None}, "vocab"),
         ({"family": "mamba"}, "family"),
         ({"kv_heads": 2}, "kv_heads"),  # gpt is multi-head: kv_heads = heads
