@@ -173,6 +173,9 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         raise f.error(
             "micro_batch", micro_batch, f"at least global_batch / {MAX_MICRO_BATCHES} (micro-batches per step)"
         )
+    name = f.string("name", Path(source).stem)
+    if len(name) > 128 or not name.isprintable():  # shown in tables: a newline would forge a row
+        raise f.error("name", name, "a name of at most 128 printable characters")
     entry_point, counted = "", None
     if family == "custom":
         entry_point = f.string("entry_point")
@@ -184,7 +187,7 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
             if key in f.data:
                 raise f.error(key, f.data[key], "only for family custom")
     return ModelSpec(
-        name=f.string("name", Path(source).stem),
+        name=name,
         layers=f.integer("layers", maximum=LIMITS["layers"]),
         hidden=hidden,
         ffn_hidden=f.integer("ffn_hidden", default_ffn_hidden(family, hidden), maximum=LIMITS["ffn_hidden"]),

@@ -196,8 +196,8 @@ TRAINING_KEYS = {
 def relative_path(f: Fields, key: str, value=None) -> str:
     """A path inside the data root: relative, without `..`, of bounded length."""
     value = f.get(key) if value is None else value
-    allowed = f"a relative path inside the data root (no leading '/', no '..', at most {MAX_PATH} characters)"
-    if not isinstance(value, str) or not value or len(value) > MAX_PATH or "\0" in value:
+    allowed = f"a relative path inside the data root (no leading '/', no '..', at most {MAX_PATH} printable characters)"
+    if not isinstance(value, str) or not value or len(value) > MAX_PATH or not value.isprintable():
         raise f.error(key, value, allowed)
     path = PurePosixPath(value)
     if path.is_absolute() or ".." in path.parts:

@@ -168,6 +168,21 @@ def test_a_job_name_is_printable(name):
     assert job_from_wire(json.dumps({"model": MODEL, "steps": 2, "name": "run 7: lr=3e-4"})).name == "run 7: lr=3e-4"
 
 
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"data": "shards\n"}, "data"),
+        ({"init": "w\x1b[2J.safetensors"}, "init"),
+        ({"resume": "ckpt/\u0007"}, "resume"),
+        ({"checkpoint": {"dir": "c\nd", "every_steps": 2}}, "checkpoint.dir"),
+    ],
+)
+def test_a_jobs_paths_are_printable(extra, field):
+    with pytest.raises(SpecError) as info:
+        job_from_wire(json.dumps({"model": MODEL, "steps": 2, **extra}))
+    assert info.value.field == field and "printable" in str(info.value)
+
+
 def test_steps_zero_in_a_job_spec_message_is_named_as_zero():
     spec = job_spec({"model": MODEL, "steps": 1})
     spec.steps = 0  # which proto3 leaves out of the message

@@ -270,6 +270,8 @@ GOOD_MODEL = {
         ({"mfu": 5e-324}, "mfu"),  # planning divided by zero
         ({"rope_theta": 5e-324}, "rope_theta"),
         ({"norm_eps": 5e-324}, "norm_eps"),
+        ({"name": "a\nb"}, "name"),  # a forged row in drover job list
+        ({"name": "\x1b[31m"}, "name"),
         ({"vocab": None}, "vocab"),
         ({"family": "mamba"}, "family"),
         ({"kv_heads": 2}, "kv_heads"),  # gpt is multi-head: kv_heads = heads
