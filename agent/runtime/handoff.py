@@ -52,7 +52,8 @@ def inside(root: Path, relative: str) -> Path:
     root = root.resolve()
     path = (root / relative).resolve()
     if Path(relative).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"{relative[:80]!r} leads outside {root}")
+        # Not naming the root: the job's failure says why to readers, who need not see the agent's paths.
+        raise ValueError(f"{relative[:80]!r} leads outside the agent's folder for it")
     return path
 
 
@@ -75,7 +76,8 @@ def no_links_out(root: Path, folder: Path) -> None:
                 raise ValueError(f"{folder} holds more than {MAX_CHECKED_ENTRIES:,} entries: give the job a new folder")
             path = Path(here) / name
             if path.is_symlink() and not path.resolve().is_relative_to(root):
-                raise ValueError(f"{path} is a link to {path.resolve()}, outside {root}: the job would write there")
+                shown = path.relative_to(root) if path.is_relative_to(root) else path.name
+                raise ValueError(f"{str(shown)[:200]!r} links outside the data root: the job would write there")
 
 
 def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
