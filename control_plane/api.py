@@ -81,6 +81,9 @@ MAX_AGENT_STREAMS = 4096  # nodes a control plane serves at once
 # waiting to: streams that never said hello held their slots for good, and one leaked node key
 # could take every slot.
 HELLO_WITHIN_S = 10.0
+# Event watches open at once: each replays its job's events, then waits; 4,096 took 167 MB and
+# slowed every call for seconds (security review).
+MAX_WATCHES = 512
 MAX_OPENING = 4
 SERVER_LIMITS = [
     ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
@@ -304,6 +307,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.cp, self.auth, self.emulation = cp, auth, emulation
         self.read = cp.store.query  # off the event loop
         self.limits = RateLimiter()
+        self.watching = 0  # WatchEvents streams open now
 
     def _authorise(self, name: str, context) -> None:
         caller = self.auth.client(context, ROLE_OF[name])
@@ -332,6 +336,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def WatchEvents(self, request, context):
         await self.read(lambda s: queries.get_job(s, request.job_id))
+        if self.watching >= MAX_WATCHES:
+            raise ResourceExhausted(f"{MAX_WATCHES} event watches are open, the most this server serves; ask again later")
+        self.watching += 1
+        try:
+            async for event in self._watch(request):
+                yield event
+        finally:
+            self.watching -= 1
+
+    async def _watch(self, request):
         last = 0
 
         def events_after(after: int):

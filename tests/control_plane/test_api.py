@@ -532,3 +532,37 @@ async def test_a_request_that_meets_a_closed_store_is_unavailable_and_logs_no_er
         code, details = await code_of(plane.jobs.ListJobs(jobs_pb2.ListJobsRequest()))
     assert code == grpc.StatusCode.UNAVAILABLE and "stopping" in details
     assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_event_watches_are_bounded_and_a_closed_one_frees_its_slot(plane, monkeypatch):
+    from drover.control_plane import api
+
+    monkeypatch.setattr(api, "MAX_WATCHES", 2)
+    plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    watch = lambda: plane.jobs.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job.id))  # noqa: E731
+    first, second = watch(), watch()
+    await first.read(), await second.read()  # both open, each past its first event
+    code, details = await code_of(_first_of(watch()))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 event watches" in details
+    first.cancel()
+    await eventually(lambda: _opens(watch()), what="a slot freed by the closed watch")
+    second.cancel()
+
+
+async def _first_of(call):
+    try:
+        return await call.read()
+    finally:
+        call.cancel()
+
+
+async def _opens(call) -> bool:
+    try:
+        await call.read()
+        return True
+    except grpc.aio.AioRpcError:
+        return False
+    finally:
+        call.cancel()
