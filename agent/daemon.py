@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from drover.planner.wire import STREAM_OPTIONS, host_port, job_state, plan_from_
 from drover.v1 import agent_pb2, agent_pb2_grpc
 
 from . import discovery, probe
-from .logs import MAX_READERS, Credit, send_logs
+from .logs import JOB_ID, MAX_READERS, Credit, send_logs
 from .metrics import registry_of
 from .runtime.handoff import start_worker_launcher
 from .supervisor import FailedHere, JobWorkers, inside
@@ -359,10 +360,29 @@ class Agent:
                 reader = self._log_readers.get(command.ack_logs.request_id)
                 if reader is not None:
                     reader[1].give(command.ack_logs.chunks)
+            elif command.WhichOneof("body") == "forget_job":
+                self._forget(command.forget_job.job_id)
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
                     workers.stop()
+
+    def _forget(self, job_id: str) -> None:
+        """A deleted job: its folder under the work dir goes (inbox, worker logs), unless its
+        workers still run here; its output folder is the user's."""
+        workers = self.jobs.get(job_id)
+        if workers is not None and workers.state()[0] == "running":
+            log.warning("job %s was deleted while its workers run here: its folder stays", job_id[:80])
+            return
+        if not JOB_ID.fullmatch(job_id):
+            return  # names no folder of ours
+        for kept in (self.jobs, self._ended_at, self._steps_to_send, self._links):
+            kept.pop(job_id, None)
+        self._reported.discard(job_id)
+        folder = self.work_dir / job_id
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s of deleted job %s", folder, job_id)
 
     def _read_logs(self, request: agent_pb2.ReadLogs) -> None:
         outbox = self._outbox

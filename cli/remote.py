@@ -227,6 +227,18 @@ def job_cancel(job_id: str, address: str, as_json: bool) -> None:
     _print(connect(address).cancel(job_id), as_json, lambda j: _job_rows([j]))
 
 
+@job.command("delete")
+@click.argument("job_id")
+@control_plane_option
+@json_option
+def job_delete(job_id: str, address: str, as_json: bool) -> None:
+    """Forget an ended job (admin): its record in the database (plans, events, history,
+    telemetry) and its folders under the agents' --work-dir (inbox, worker logs). Its output
+    folder stays. A running or pending job is refused: cancel it first."""
+    deleted = connect(address).delete(job_id)
+    _print(deleted, as_json, lambda d: f"deleted {d.job_id}; agents told: {', '.join(d.nodes_told) or 'none'}")
+
+
 @click.command()
 @click.option("--links", "show_links", is_flag=True, help="The measured links instead: each NIC's newest probes.")
 @control_plane_option

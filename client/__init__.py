@@ -259,6 +259,10 @@ class Client:
     def cancel(self, job_id: str) -> jobs_pb2.Job:
         return self._call("CancelJob", jobs_pb2.CancelJobRequest(job_id=job_id))
 
+    def delete(self, job_id: str) -> jobs_pb2.DeleteJobResponse:
+        """Forget an ended job (admin): its stored record, and the agents' work-dir folders of it."""
+        return self._call("DeleteJob", jobs_pb2.DeleteJobRequest(job_id=job_id))
+
     def events(self, job_id: str) -> list[Event]:
         """The job's events so far."""
         return [Event.of(e) for e in self._pages("ListEvents", jobs_pb2.ListEventsRequest(job_id=job_id), "events")]
@@ -369,6 +373,9 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> jobs_pb2.Job:
         return await self._call("CancelJob", jobs_pb2.CancelJobRequest(job_id=job_id))
+
+    async def delete(self, job_id: str) -> jobs_pb2.DeleteJobResponse:
+        return await self._call("DeleteJob", jobs_pb2.DeleteJobRequest(job_id=job_id))
 
     async def events(self, job_id: str) -> list[Event]:
         pages = await self._pages("ListEvents", jobs_pb2.ListEventsRequest(job_id=job_id), "events")

@@ -23,7 +23,7 @@ from drover.v1 import agent_pb2
 from . import planning
 from .detector import Detector
 from .jobfile import JobSpec, job_from_stored
-from .running import MAX_JOB_DEVICES, RunningJob, log, log_event, whole_nodes_within
+from .running import MAX_JOB_DEVICES, TERMINAL, RunningJob, log, log_event, whole_nodes_within
 from .validation import FailedPrecondition, InvalidArgument, PermissionDenied, check_out_dir
 
 
@@ -266,6 +266,22 @@ class Admission:
         self.new_events.set()
         log_event(job_id, "job_cancelled", 0, {})
         return row
+
+    async def delete(self, job_id: str) -> list[str]:
+        """Forget an ended job: its stored rows, and each connected agent's work-dir folder of
+        it (its output folder is the user's). The nodes told."""
+        async with self._placing:  # not while a pending job is being started
+            row = await self.store.query(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
+            if row.state not in TERMINAL or job_id in self.jobs:
+                raise FailedPrecondition(f"job {job_id} is {row.state}; cancel it first, then delete it")
+            await self.store.write(lambda s: queries.delete_job(s, job_id))
+        told = sorted(self.outboxes)
+        forget = agent_pb2.ControlMessage(command=agent_pb2.Command(forget_job=agent_pb2.ForgetJob(job_id=job_id)))
+        for node in told:
+            self.outboxes[node].put_nowait(forget)
+        # Logged, not stored: the job's events went with it.
+        log.info("job %s deleted; agents told: %s", job_id, ", ".join(told) or "none", extra={"event": "job_deleted"})
+        return told
 
     async def replan(self, job_id: str, reason: str) -> int:
         """Plan for what is measured now, whatever the detector thinks; the job's reconcile

@@ -69,6 +69,7 @@ ROLE_OF = {
     "QueryHistory": "reader",
     "SubmitJob": "operator",
     "CancelJob": "operator",
+    "DeleteJob": "admin",  # a job's whole record goes
     "StreamLogs": "operator",  # workers' output can hold what readers should not see
     "Replan": "operator",
     "DrainNode": "operator",
@@ -334,10 +335,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def CancelJob(self, request, context):
         return job_message(await self.cp.cancel(request.job_id))
 
+    async def DeleteJob(self, request, context):
+        told = await self.cp.delete(request.job_id)
+        return jobs_pb2.DeleteJobResponse(job_id=request.job_id, nodes_told=told)
+
     async def WatchEvents(self, request, context):
         await self.read(lambda s: queries.get_job(s, request.job_id))
         if self.watching >= MAX_WATCHES:
-            raise ResourceExhausted(f"{MAX_WATCHES} event watches are open, the most this server serves; ask again later")
+            raise ResourceExhausted(f"{MAX_WATCHES} event watches are open, the most this server serves; try later")
         self.watching += 1
         try:
             async for event in self._watch(request):

@@ -31,7 +31,7 @@ class Bucket:
 
 
 # RPC -> (burst, requests per second) for each caller
-RATES = {"SubmitJob": (10, 1.0), "Replan": (5, 0.2), "SetDetection": (5, 0.2)}
+RATES = {"SubmitJob": (10, 1.0), "Replan": (5, 0.2), "SetDetection": (5, 0.2), "DeleteJob": (20, 2.0)}
 
 
 class RateLimiter:

@@ -147,6 +147,14 @@ def get_job(session: Session, job_id: str) -> Job:
     return _get(session, Job, job_id, "job", job_id)
 
 
+def delete_job(session: Session, job_id: str) -> None:
+    """Everything stored about a job: its row, plans, progress, events, history and telemetry."""
+    get_job(session, job_id)  # NOT_FOUND if unknown
+    for model in (TelemetrySample, HistoryPoint, Event, Plan, JobProgress):
+        session.execute(delete(model).where(model.job_id == job_id))
+    session.execute(delete(Job).where(Job.id == job_id))
+
+
 def jobs(session: Session, offset: int = 0, limit: int | None = None) -> list[Job]:
     return list(session.scalars(select(Job).order_by(Job.created, Job.id).offset(offset).limit(limit)))
 

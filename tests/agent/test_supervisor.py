@@ -216,3 +216,28 @@ async def test_an_agent_refused_at_the_wrong_port_is_told_so_and_logs_no_asyncio
         await stop_server(served)
     assert not agent.connected
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+async def test_a_deleted_job_leaves_no_folder_in_the_agents_work_dir_but_its_output(plane):
+    """drover job delete: the agent that ran the job removes its inbox and worker logs."""
+    from drover.agent.daemon import Agent
+    from drover.v1 import jobs_pb2, state_pb2
+
+    work = plane.tmp / "w"
+    agent = Agent(f"127.0.0.1:{plane.port}", "node-0", cpu_devices=1, work_dir=str(work), data_root=str(plane.tmp))
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        await plane.connected(1)
+        job = await plane.submit()
+        await eventually(lambda: (work / job.id / "logs").is_dir(), timeout_s=60, what="the job's folder")
+        await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+        ended = await plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+        assert ended.state == state_pb2.JOB_STATE_CANCELLED
+        await plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=job.id))
+        await eventually(lambda: not (work / job.id).exists(), timeout_s=30, what="the job's folder removed")
+        assert (plane.tmp / ended.out_dir).is_dir()  # the output is the user's
+        assert job.id not in agent.jobs
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from drover.storage import queries
+from drover.storage.models import Event, HistoryPoint, JobProgress, Plan, TelemetrySample
 from drover.v1 import jobs_pb2, state_pb2
 
 from support import TINY_JOB, eventually, job_spec
@@ -202,3 +203,34 @@ async def _until_quiet(agent):
             yield await agent.receive(timeout_s=0.5)
         except TimeoutError:
             return
+
+
+async def test_an_ended_job_is_deleted_whole_and_its_agents_told_a_running_one_is_not(plane):
+    agent = plane.agent("node-0")
+    await plane.connected(1)
+    job = await plane.submit()
+    await agent.receive()  # its start
+    code, details = await code_of(plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=job.id)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "cancel it first" in details
+    await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+    kept = job.id, (await plane.submit()).id  # another job, whose record stays
+    deleted = await plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=job.id))
+    assert deleted.job_id == job.id and list(deleted.nodes_told) == ["node-0"]
+    told = [m async for m in _until_quiet(agent)]
+    assert [m.command.forget_job.job_id for m in told if m.command.HasField("forget_job")] == [job.id]
+    code, _ = await code_of(plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id)))
+    assert code == grpc.StatusCode.NOT_FOUND
+    store = plane.cp.store
+    for model in (Event, Plan, HistoryPoint, TelemetrySample, JobProgress):
+        rows = store.read(lambda s, m=model: s.query(m).filter(m.job_id == job.id).count())
+        assert rows == 0, model
+    assert store.read(lambda s: queries.get_job(s, kept[1])).id == kept[1]
+    assert [e.kind for e in await plane.events(kept[1])][:1] == ["job_started"]
+    code, _ = await code_of(plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=job.id)))
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+async def code_of(call):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), info.value.details()

@@ -104,5 +104,8 @@ def test_every_operator_and_admin_call_in_the_reference_does_what_it_says(drover
         assert not api.call(calls.pop("UndrainNode"), job.id)[0].drained
         api.call(calls.pop("CancelJob"), job.id)
         assert drover.wait(job.id, timeout_s=20) == "cancelled"
+        [deleted] = api.call(calls.pop("DeleteJob"), job.id)
+        assert deleted.job_id == job.id and sorted(deleted.nodes_told) == ["node-0", "node-1"]
+        assert [j.id for j in drover.list()] == []
         assert calls == {}  # every documented call ran
         api.channel.close()

@@ -242,7 +242,7 @@ class PlanUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links", "read_logs", "stop_logs", "ack_logs")
+    __slots__ = ("straggle", "cancel", "stop_workers", "probe_links", "read_logs", "stop_logs", "ack_logs", "forget_job")
     STRAGGLE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,7 @@ class Command(_message.Message):
     READ_LOGS_FIELD_NUMBER: _ClassVar[int]
     STOP_LOGS_FIELD_NUMBER: _ClassVar[int]
     ACK_LOGS_FIELD_NUMBER: _ClassVar[int]
+    FORGET_JOB_FIELD_NUMBER: _ClassVar[int]
     straggle: Straggle
     cancel: CancelJob
     stop_workers: StopWorkers
@@ -257,7 +258,14 @@ class Command(_message.Message):
     read_logs: ReadLogs
     stop_logs: StopLogs
     ack_logs: AckLogs
-    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ..., read_logs: _Optional[_Union[ReadLogs, _Mapping]] = ..., stop_logs: _Optional[_Union[StopLogs, _Mapping]] = ..., ack_logs: _Optional[_Union[AckLogs, _Mapping]] = ...) -> None: ...
+    forget_job: ForgetJob
+    def __init__(self, straggle: _Optional[_Union[Straggle, _Mapping]] = ..., cancel: _Optional[_Union[CancelJob, _Mapping]] = ..., stop_workers: _Optional[_Union[StopWorkers, _Mapping]] = ..., probe_links: _Optional[_Union[ProbeLinks, _Mapping]] = ..., read_logs: _Optional[_Union[ReadLogs, _Mapping]] = ..., stop_logs: _Optional[_Union[StopLogs, _Mapping]] = ..., ack_logs: _Optional[_Union[AckLogs, _Mapping]] = ..., forget_job: _Optional[_Union[ForgetJob, _Mapping]] = ...) -> None: ...
+
+class ForgetJob(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ReadLogs(_message.Message):
     __slots__ = ("request_id", "job_id", "devices", "tail_bytes", "follow", "window")

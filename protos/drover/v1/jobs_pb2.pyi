@@ -78,6 +78,20 @@ class CancelJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobResponse(_message.Message):
+    __slots__ = ("job_id", "nodes_told")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_TOLD_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    nodes_told: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., nodes_told: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Event(_message.Message):
     __slots__ = ("time", "step", "job_id", "kind", "details_json", "type", "job_pending", "job_started", "job_completed", "job_failed", "job_cancelled", "straggler_detected", "slow_link_suspected", "link_measured", "replan_skipped", "plan_pushed", "plan_committed", "migration_done", "workers_failed", "device_lost", "node_lost", "recovery_started", "recovered", "node_joined", "join_skipped")
     TIME_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class JobServiceStub:
                 request_serializer=drover_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_jobs__pb2.Job.FromString,
                 _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/drover.v1.JobService/DeleteJob',
+                request_serializer=drover_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
+                _registered_method=True)
         self.WatchEvents = channel.unary_stream(
                 '/drover.v1.JobService/WatchEvents',
                 request_serializer=drover_dot_v1_dot_jobs__pb2.WatchEventsRequest.SerializeToString,
@@ -148,6 +153,17 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteJob(self, request, context):
+        """Forget an ended job (completed, failed or cancelled): its row, plans,
+        events, history and telemetry go from the database, and each connected
+        agent removes the job's folder under its --work-dir (inbox and worker
+        logs). The job's output folder under --data-root is the user's: kept.
+        A job still running or pending is FAILED_PRECONDITION. Admins only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchEvents(self, request, context):
         """Past events of the job, then new ones as they happen, until the job ends.
         """
@@ -184,9 +200,9 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetDetection(self, request, context):
-        """Pause or resume replanning on detected stragglers, for every job. Kept in
-        the server's memory: a restarted server detects again (the metric
-        drover_detection_paused shows which holds).
+        """Pause or resume replanning on detected stragglers, for every job. Stored:
+        a restarted server keeps it (the metric drover_detection_paused shows
+        which holds).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -262,6 +278,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=drover_dot_v1_dot_jobs__pb2.CancelJobRequest.FromString,
                     response_serializer=drover_dot_v1_dot_jobs__pb2.Job.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=drover_dot_v1_dot_jobs__pb2.DeleteJobRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_jobs__pb2.DeleteJobResponse.SerializeToString,
             ),
             'WatchEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchEvents,
@@ -437,6 +458,33 @@ class JobService:
             '/drover.v1.JobService/CancelJob',
             drover_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
             drover_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.JobService/DeleteJob',
+            drover_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
+            drover_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
