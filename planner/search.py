@@ -80,6 +80,7 @@ CLIMB_BAND = 1.03
 # behind it and gained at most 4.7%; the climbs this skips were of sets of nodes far behind
 # (Ethernet-only nodes left out: 1.7 times slower) or of starts the first climb left behind.
 CLIMB_REACH = 1.1
+CLIMB_MIN_GAIN = 1e-3  # a climb stops once a sweep gains less than this
 CUT_BAND = 1.15  # rates within this ratio of a lower one share its removal cut
 POLISH_STARTS = 8  # the best layouts local search starts from
 # After round one, a set of nodes left out (weaker_nodes) whose best layout is this far behind the
@@ -424,7 +425,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
             for h in ARRANGEMENTS:
                 try_layout((t, S, h, odd, split, cut, out))
             step, best_key = fastest.get(out, (math.inf, None))
-            if step >= before * (1 - 1e-9) or best_key in (key, None):
+            if step >= before * (1 - CLIMB_MIN_GAIN) or best_key in (key, None):
                 break
             key = best_key
     # The best layouts split at every common network crossing, not only the median one.
