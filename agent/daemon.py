@@ -129,6 +129,7 @@ class Agent:
         self.model_modules = tuple(model_modules)  # what custom models' entry points may import
         self.credentials = _credentials(Path(tls_dir), node) if tls_dir is not None else None
         self.jobs: dict[str, JobWorkers] = {}
+        self.straggled: dict[str, float] = {}  # device -> rate `drover straggle` set (emulation)
         self.abandoned: set[asyncio.Future] = set()  # job starts whose waiting was cancelled (off_the_loop)
         self._nic_counters: dict[str, tuple[float, int, int]] = {}
         self._reported: set[str] = set()  # jobs whose end this session's stream has carried
@@ -308,7 +309,11 @@ class Agent:
                 log.error("job %s cannot start here: %s", start.job_id[:80], exc)
                 self.jobs[start.job_id] = FailedHere(f"workers could not start on {self.node}: {exc}")
                 return
-            log.info("started %d workers of %s", len(self.jobs[start.job_id].local), start.job_id)
+            workers = self.jobs[start.job_id]
+            for device, rate in self.straggled.items():  # emulation: slowed before this job came
+                if device in workers.local:
+                    workers.straggle(device, rate, 0)
+            log.info("started %d workers of %s", len(workers.local), start.job_id)
         elif kind == "recover":
             recover = message.recover
             workers = self.jobs.get(recover.job_id)
@@ -337,6 +342,11 @@ class Agent:
         elif kind == "command":
             command = message.command
             if command.WhichOneof("body") == "straggle":
+                # Kept for the jobs started here later (from their first step) until set back to 1.
+                if command.straggle.rate > 1.0:
+                    self.straggled[command.straggle.device] = command.straggle.rate
+                else:
+                    self.straggled.pop(command.straggle.device, None)
                 for job_id, workers in list(self.jobs.items()):
                     try:
                         workers.straggle(command.straggle.device, command.straggle.rate, command.straggle.from_step)

@@ -70,7 +70,8 @@ def control_plane_option(command):
         "--token-file",
         type=click.Path(dir_okay=False, exists=True),
         envvar="DROVER_TOKEN_FILE",
-        help="Your bearer token (e.g. operator.token of drover certs init).",
+        help="Your bearer token: reader.token, operator.token or admin.token of drover certs init "
+        "(docs/security.md says which role each command needs).",
     )
     @insecure_option
     @functools.wraps(command)

@@ -400,6 +400,7 @@ def node_undrain(name: str, address: str) -> None:
 @click.option("--from-step", type=click.IntRange(min=0), default=0, help="0: from the next step.")
 @control_plane_option
 def straggle(device: str, rate: float, from_step: int, address: str) -> None:
-    """Emulation: make DEVICE RATE times slower (1 restores it)."""
+    """Emulation: make DEVICE RATE times slower (1 restores it), in the job running on it now
+    (from --from-step) and in the jobs its agent starts later (from their first step)."""
     node = connect(address).straggle(device, rate, from_step)
-    click.echo(f"{device} on {node} now {rate:g}x slow")
+    click.echo(f"{device} on {node} now {rate:g}x slow" if rate > 1 else f"{device} on {node} restored")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import pytest
 
@@ -237,6 +238,32 @@ async def test_a_deleted_job_leaves_no_folder_in_the_agents_work_dir_but_its_out
         await eventually(lambda: not (work / job.id).exists(), timeout_s=30, what="the job's folder removed")
         assert (plane.tmp / ended.out_dir).is_dir()  # the output is the user's
         assert job.id not in agent.jobs
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+async def test_a_device_slowed_while_idle_is_slow_in_the_next_job_until_restored(plane):
+    """Emulation: `drover straggle` before a job starts (the tour's order on a fast machine)
+    answered 'now 3x slow' and changed nothing."""
+    from drover.agent.daemon import Agent
+    from drover.v1 import jobs_pb2
+
+    work = plane.tmp / "w"
+    agent = Agent(f"127.0.0.1:{plane.port}", "node-0", cpu_devices=1, work_dir=str(work), data_root=str(plane.tmp))
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        await plane.connected(1)
+        await plane.jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=3.0))
+        await eventually(lambda: agent.straggled == {"node-0/0": 3.0}, what="the rate kept")
+        job = await plane.submit()
+        slow = work / job.id / "slow-node-0_0.json"
+        await eventually(slow.exists, timeout_s=60, what="the job's worker told")
+        assert json.loads(slow.read_text()) == {"rate": 3.0, "from_step": 0}
+        await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
+        await plane.jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=1.0))
+        await eventually(lambda: agent.straggled == {}, what="the device restored")
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
