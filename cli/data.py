@@ -86,4 +86,6 @@ def export(source: Path, fmt: str, out_dir: Path) -> None:
 
     spec, state = gathered_model(source)
     export_hf(state, spec, out_dir)
-    click.echo(f"{spec.name}: {spec.parameters:,} parameters -> {out_dir} (AutoModelForCausalLM.from_pretrained)")
+    # Counted from the tensors written: the cost model's count (spec.parameters) leaves out the norms.
+    count = sum(t.numel() for t in state.values())
+    click.echo(f"{spec.name}: {count:,} parameters -> {out_dir} (AutoModelForCausalLM.from_pretrained)")

@@ -194,7 +194,8 @@ def check_resumable(checkpoint: Path, spec: ModelSpec, steps: int) -> int:
             str(checkpoint / META),
             "step",
             step,
-            f"below the job's steps ({steps}): a finished run's checkpoint (drover export reads it), or raise steps",
+            f"a step below the job's steps ({steps}); this checkpoint ends a run, so nothing is left to train: "
+            "raise steps to train on (drover export reads a finished run's checkpoint)",
         )
     return step
 

@@ -103,7 +103,7 @@ def test_a_checkpoint_of_another_model_is_refused(spec, tmp_path):
     with pytest.raises(SpecError, match="'model.layers' = 4: 3, as the job's model"):
         check_resumable(saved, replace(spec, layers=3), STEPS)
     for steps in (1, 2):  # at step 2 of 2 nothing is left to train: writing the model crashed
-        with pytest.raises(SpecError, match=f"'step' = 2: below the job's steps \\({steps}\\)"):
+        with pytest.raises(SpecError, match=f"'step' = 2: a step below the job's steps \\({steps}\\)"):
             check_resumable(saved, spec, steps)
     with pytest.raises(SpecError, match="resume"):
         find_checkpoint(tmp_path / "run")
@@ -150,6 +150,11 @@ def test_export_writes_a_hugging_face_directory_from_the_cli(spec, tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
     assert (tmp_path / "hf" / "model.safetensors").stat().st_size > 4 * spec.parameters
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as written:
+        count = sum(written.get_tensor(name).numel() for name in written.keys())
+    assert f"{count:,} parameters" in out.stdout  # the tensors written, the norms too
     gpt = run_cli("export", str(Path(ROOT / "examples")), "--out", str(tmp_path / "x"))
     assert gpt.returncode == 2 and "resume" in gpt.stderr and not (tmp_path / "x").exists()
 
