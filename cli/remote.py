@@ -37,14 +37,14 @@ def _job_rows(jobs) -> str:
         return format(getattr(j.progress, name), fmt)
 
     return table(
-        ["job", "state", "model", "step", "steps", "loss", "val loss", "tok/s", "plan", "committed", "detail"],
+        ["job", "name", "state", "model", "steps", "loss", "val loss", "tok/s", "plan", "committed", "detail"],
         [
             [
                 j.id,
+                j.spec.name or "-",
                 job_state_name(j.state),
                 j.model_name,
-                j.step if j.step >= 0 else "-",  # -1: no step ended yet
-                j.steps,
+                f"{j.step + 1}/{j.steps}",  # steps done, as job watch counts them (step is 0-based, -1 before any)
                 figure(j, "loss", ".4f"),
                 figure(j, "val_loss", ".4f"),
                 figure(j, "tokens_per_s", ",.0f"),
@@ -87,7 +87,12 @@ def job_submit(job_file: str, out_dir: str, resume: str | None, wait: bool, addr
         if as_json and wait:  # JSON Lines throughout: the job on one line, then its events
             click.echo(json.dumps(to_dict(submitted)))
         else:
-            _print(submitted, as_json, lambda j: f"submitted {j.id} ({j.model_name}, {j.steps} steps) -> {j.out_dir}")
+            named = f"{submitted.spec.name}: " if submitted.spec.name else ""
+            _print(
+                submitted,
+                as_json,
+                lambda j: f"submitted {j.id} ({named}{j.model_name}, {j.steps} steps) -> {j.out_dir}",
+            )
         if wait:
             _watch(client, submitted.id, as_json)
 

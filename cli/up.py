@@ -253,7 +253,8 @@ def up(
         # database would hold OUT against the next run's job.
         stack.callback(_cancel_unless_ended, cluster.client, submitted.id)
         where = f"{submitted.steps} steps on {shape}; control plane {cluster.address}"
-        click.echo(f"{submitted.id}: {submitted.model_name}, {where}")
+        named = f"{submitted.spec.name}: " if submitted.spec.name else ""
+        click.echo(f"{submitted.id}: {named}{submitted.model_name}, {where}")
         if cluster.metrics:
             listed = ", ".join(
                 f"{name} {'https' if name == 'server' else 'http'}://{address}/metrics"

@@ -427,7 +427,11 @@ def test_a_job_with_no_step_yet_shows_none_not_minus_one():
     from drover.cli.remote import _job_rows
 
     shown = _job_rows([jobs_pb2.Job(id="job-1", model_name="tiny", step=-1, steps=30)]).splitlines()[-1].split()
-    assert shown[:5] == ["job-1", "unspecified", "tiny", "-", "30"]
+    assert shown[:5] == ["job-1", "-", "unspecified", "tiny", "0/30"]
+    # Steps done, as job watch shows them: a completed 30-step job read 29 of 30 here.
+    named = jobs_pb2.Job(id="job-2", model_name="tiny", step=29, steps=30)
+    named.spec.name = "long run"
+    assert _job_rows([named]).splitlines()[-1].split()[:6] == ["job-2", "long", "run", "unspecified", "tiny", "30/30"]
 
 
 def test_json_logs_carry_what_else_writes_to_stderr_as_json_lines(tmp_path):
