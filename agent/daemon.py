@@ -10,6 +10,7 @@ depends on a message having been seen before.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import logging
@@ -46,6 +47,10 @@ FORGET_AFTER_S = 300.0  # an ended job stays in hellos this long after its end w
 def _credentials(tls_dir: Path, node: str) -> grpc.ChannelCredentials:
     """Mutual TLS: this node's certificate (node-NODE.pem, from `drover certs init`), and
     only a control plane whose certificate the cluster's CA signed is believed."""
+    for name in ("ca.pem", f"node-{node}.key", f"node-{node}.pem"):
+        if not (tls_dir / name).is_file():
+            hint = "drover certs init makes it" if name == "ca.pem" else f"drover certs add-node {node} makes it"
+            raise FileNotFoundError(errno.ENOENT, f"no such file ({hint}, with --dir {tls_dir})", str(tls_dir / name))
     return grpc.ssl_channel_credentials(
         root_certificates=(tls_dir / "ca.pem").read_bytes(),
         private_key=(tls_dir / f"node-{node}.key").read_bytes(),

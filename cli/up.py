@@ -20,6 +20,7 @@ from drover.planner.cluster import load_cluster
 from drover.planner.network import load_network
 from drover.planner.wire import job_state_name
 from drover.storage.db import check_free
+from drover.storage.errors import StoreInUse
 
 from .local_cluster import LocalCluster
 from .models import ModelReader
@@ -210,7 +211,10 @@ def up(
     # once OUT's database is known free: a run still going there (its drover up killed) keeps
     # its files, and this one stops at the database in use.
     if database is None:
-        check_free(str(out / "drover.db"))
+        try:
+            check_free(str(out / "drover.db"))
+        except StoreInUse as exc:
+            raise click.UsageError(f"{exc}: another drover up runs there; give this one another --out") from None
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("trace.jsonl", "migrations.jsonl", "events.jsonl", "eval.jsonl", "model.pt"):
         (out / stale).unlink(missing_ok=True)

@@ -385,8 +385,16 @@ def test_up_leaves_the_output_of_a_run_still_going_in_its_folder(tmp_path, capsy
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running server holds it
         with pytest.raises(SystemExit) as exit_code:
             main(["up", "--job", str(ROOT / "examples" / "jobs" / "tiny.yaml"), "--out", str(out)])
-    assert exit_code.value.code == 1 and "in use by another drover server" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_code.value.code == 2 and "in use by another drover server" in err and "another --out" in err
     assert (out / "trace.jsonl").read_text() == "{}\n"
+
+
+def test_an_agent_without_its_certificate_says_how_to_make_one(tmp_path):
+    run_cli("certs", "init", "--dir", str(tmp_path / "certs"), "--node", "node-0")
+    done = run_cli("agent", "--node", "node-2", "--tls-dir", str(tmp_path / "certs"), "--cpu-devices", "1")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "node-node-2.key: no such file (drover certs add-node node-2 makes it" in done.stderr
 
 
 def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_path, capsys):
