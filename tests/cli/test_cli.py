@@ -223,6 +223,7 @@ def test_up_summary_without_a_straggler_gives_no_reason(tmp_path):
     write_up_output(tmp_path, STARTED)
     text = summary(tmp_path, JOB_DONE, [])
     assert "no new plan" not in text and "while slow" not in text
+    assert "before the straggler" not in text and "whole run" in text  # nothing was slowed
 
 
 @pytest.mark.parametrize(
