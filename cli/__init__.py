@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"drover: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except grpc.RpcError as exc:  # drover.client's DroverError is one
+        if not getattr(exc, "sent", True):  # refused here (a job file): not the control plane's answer
+            click.echo(f"drover: error: {exc.details()}", err=True)
+            sys.exit(2)
         click.echo(f"drover: error: {exc.code().name}: {exc.details()}", err=True)
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             click.echo(

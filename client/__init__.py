@@ -84,7 +84,9 @@ def refused_here() -> Iterator[None]:
     try:
         yield
     except (ValueError, yaml.YAMLError) as exc:  # SpecError and FieldError are ValueErrors
-        raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        refused = InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        refused.sent = False  # found here: no control plane saw it
+        raise refused from None
 
 
 def _submit_request(spec: JobSpec | dict | str, out_dir: str) -> jobs_pb2.SubmitJobRequest:
@@ -120,6 +122,8 @@ class DroverError(grpc.RpcError):
     """A call the control plane refused or could not serve: `code()` (grpc.StatusCode) and
     `details()`, the server's message, as grpc's own errors have them (and an `except
     grpc.RpcError` catches it too)."""
+
+    sent = True  # False: refused by this client before any call (a job file it cannot read or send)
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(f"{code.name}: {details}")

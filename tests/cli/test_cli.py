@@ -466,3 +466,10 @@ def test_json_logs_carry_what_else_writes_to_stderr_as_json_lines(tmp_path):
     assert any("UserWarning: careful" in m for m in by_message)
     crash = by_message["uncaught RuntimeError: start-up failed"]
     assert crash["level"] == "critical" and "Traceback" in crash["exception"]
+
+
+def test_a_job_file_refused_here_is_not_shown_as_the_servers_answer(tmp_path):
+    # It read "INVALID_ARGUMENT: ...", as if a control plane had answered (none was asked).
+    done = run_cli("job", "submit", str(tmp_path / "nope.yaml"), "--insecure", "--control-plane", "127.0.0.1:1")
+    assert done.returncode == 2 and "INVALID_ARGUMENT" not in done.stderr
+    assert "nope.yaml" in done.stderr and "a readable job file" in done.stderr and len(done.stderr.splitlines()) == 1
