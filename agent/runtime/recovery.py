@@ -151,17 +151,18 @@ def wait_for_world(inbox: Path, after: int, timeout_s: float, poll_s: float = 0.
         time.sleep(poll_s)
 
 
-def close_connections() -> int:
+def close_connections() -> list[str]:
     """Shut down every connected TCP socket of this process (Linux): a lost world's gloo pairs
     and store client, the only ones a worker holds. What is blocked on them fails at once with
     a closed connection (peer_lost). Listening sockets stay: gloo's listener aborts the process
-    if its socket is shut. How many were shut. (A socket object over a duplicate shares the
-    original's flags; no default socket timeout is set in a worker, so wrapping changes none.)"""
+    if its socket is shut. Returns the peers (host:port) of those shut, for the log. (A socket
+    object over a duplicate shares the original's flags; no default socket timeout is set in a
+    worker, so wrapping changes none.)"""
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
-        return 0
-    closed = 0
+        return []
+    closed = []
     for fd in fds:
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
@@ -177,9 +178,9 @@ def close_connections() -> int:
         with sock:
             try:
                 if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
-                    sock.getpeername()  # raises for a listening socket
+                    peer = sock.getpeername()  # raises for a listening socket
                     sock.shutdown(socket.SHUT_RDWR)
-                    closed += 1
+                    closed.append(f"{peer[0]}:{peer[1]}")
             except OSError:
                 pass
     return closed
@@ -235,11 +236,12 @@ class WorldWatch:
                     if ending is not None:
                         closed = close_connections()
                         log.warning(
-                            "world %d leaves out %s: closed world %d's %d connections",
+                            "world %d leaves out %s: closed world %d's %d connections (to %s)",
                             ending[0],
                             ending[1][:8],
                             generation,
-                            closed,
+                            len(closed),
+                            ", ".join(closed[:16]),
                         )
                         self._world = None
                 except Exception as exc:  # noqa: BLE001 - the watch must outlive a bad world file; the worker reports it

@@ -82,7 +82,10 @@ class Rejoining:
         # and whatever still holds one (a pending work, a frame) must not keep a peer blocked on
         # this worker until the collective timeout: its sockets are shut all the same.
         closed = close_connections()
-        log.info("%s left world %d (shut %d connections still open)", self.device_id, self.generation, closed)
+        log.info(
+            "%s left world %d (shut %d connections still open: %s)",
+            *(self.device_id, self.generation, len(closed), ", ".join(closed[:16])),
+        )
 
     def _rejoin(self, world: World, lost_at: float) -> dict:
         """Agree on the step, take the new plan's parts, and return the recovery's record."""

@@ -383,7 +383,7 @@ def test_a_world_watch_fires_once_for_a_world_that_leaves_a_member_out_and_never
     """The watch of world 0 (local/0, local/1): world 1 growing onto local/2 ends nothing; world
     2 without local/0 ends it, once; a worker that has left the world is not watched."""
     closes = []
-    monkeypatch.setattr(recovery, "close_connections", lambda: closes.append(time.monotonic()) or 0)
+    monkeypatch.setattr(recovery, "close_connections", lambda: closes.append(time.monotonic()) or [])
 
     def name_world(generation: int, devices: list[str]) -> None:  # the watch reads the ranks alone
         ranks = {d: r for r, d in enumerate(devices)}
