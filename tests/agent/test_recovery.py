@@ -258,25 +258,31 @@ def test_a_worker_leaving_a_world_frees_the_groups_its_pre_switch_blocks_held():
     before it (to go back to them). Their TP hooks must not keep the old world's groups, and
     so their sockets, alive: a peer blocked in that group learns the world is gone at once,
     not at the collective timeout."""
+    outcome, seconds = _peer_of_a_leaving_worker(_leave_holding_a_group_in_the_plan_before_a_switch)
+    assert peer_lost(RuntimeError(outcome)), outcome
+    assert seconds < 20, f"the peer waited {seconds:.0f} s"
+
+
+def _peer_of_a_leaving_worker(leave) -> tuple[str, float]:
+    """Rank 0 runs `leave` (it leaves the world once rank 1 is blocked in an all-reduce on it);
+    what rank 1's all-reduce ended with, and after how long."""
     ctx = worker_context()
     init = f"tcp://127.0.0.1:{free_port()}"
     started, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
-    leaving = ctx.Process(target=_leave_holding_a_group_in_the_plan_before_a_switch, args=(init, started, done))
+    leaving = ctx.Process(target=leave, args=(init, started, done))
     waiting = ctx.Process(target=_wait_in_the_old_group, args=(init, started, result))
     leaving.start()
     waiting.start()
     try:
-        outcome, seconds = result.get(timeout=40)
+        return result.get(timeout=40)
     except queue.Empty:
-        pytest.fail("the peer was still blocked after 40 s: the leaving worker kept the group open")
+        pytest.fail("the peer was still blocked after 40 s: the leaving worker kept its connections open")
     finally:
         done.set()
         for proc in (leaving, waiting):
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
-    assert peer_lost(RuntimeError(outcome)), outcome
-    assert seconds < 20, f"the peer waited {seconds:.0f} s"
 
 
 def _leave_while_something_still_holds_the_group(init: str, started, done) -> None:
@@ -304,23 +310,7 @@ def test_a_worker_leaving_a_world_frees_its_peers_even_while_something_holds_its
     """The survivor that learns first that a peer is gone leaves the world; another survivor
     may be blocked in a collective waiting on it (not on the dead peer). It must learn at once,
     even if a reference the leaving worker kept holds the group: its connections are shut."""
-    ctx = worker_context()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    started, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
-    leaving = ctx.Process(target=_leave_while_something_still_holds_the_group, args=(init, started, done))
-    waiting = ctx.Process(target=_wait_in_the_old_group, args=(init, started, result))
-    leaving.start()
-    waiting.start()
-    try:
-        outcome, seconds = result.get(timeout=40)
-    except queue.Empty:
-        pytest.fail("the peer was still blocked after 40 s: the leaving worker's connections stayed open")
-    finally:
-        done.set()
-        for proc in (leaving, waiting):
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+    outcome, seconds = _peer_of_a_leaving_worker(_leave_while_something_still_holds_the_group)
     assert peer_lost(RuntimeError(outcome)), outcome
     assert seconds < 10, f"the peer waited {seconds:.0f} s"
 
