@@ -206,10 +206,18 @@ class Agent:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             outbox = Outbox()
             self._outbox = outbox
+            # Jobs whose end went up in an earlier stream are done with. Every other job sends its
+            # newest steps again (the control plane keeps each once), after those it has not sent
+            # yet, then the steps its workers ran while no stream was up; a job that ended
+            # meanwhile reports its end after them, and is said running in the hello till then
+            # (the control plane takes no steps of a job it has ended).
+            self._reported = set(self._ended_at)
+            for job_id, workers in self.jobs.items():
+                if job_id not in self._reported:
+                    resent = {id(row) for row in workers.recent_steps}
+                    unsent = [row for row in self._steps_to_send.get(job_id, []) if id(row) not in resent]
+                    self._steps_to_send[job_id] = unsent + list(workers.recent_steps)
             outbox.put_nowait(agent_pb2.AgentMessage(hello=self._hello()))
-            self._reported = {job_id for job_id, w in self.jobs.items() if w.state()[0] != "running"}
-            # The newest steps again, then those run while no stream was up: none is lost.
-            self._steps_to_send = {job_id: list(w.recent_steps) for job_id, w in self.jobs.items()}
 
             # Written from a task of our own, not read by gRPC from an async generator: a stream
             # that failed while the generator awaited its next message (a refused call, an agent
@@ -262,17 +270,18 @@ class Agent:
             nics=[agent_pb2.Nic(name=n.name, type=n.type, gbps=n.gbps, address=n.address) for n in self.nics],
             probe_port=self.probe_port,
             advertise_address=self.advertise_address,
-            jobs=[self._status(job_id, w) for job_id, w in self.jobs.items()],
+            jobs=[self._status(job_id, w, job_id not in self._reported) for job_id, w in self.jobs.items()],
         )  # ended ones too: level-triggered
 
-    def _status(self, job_id: str, workers: JobWorkers) -> agent_pb2.JobStatus:
+    def _status(self, job_id: str, workers: JobWorkers, end_untold: bool = False) -> agent_pb2.JobStatus:
+        """end_untold: its end goes up after its steps, as running till then."""
         state, detail = workers.state()
         return agent_pb2.JobStatus(
             job_id=job_id,
-            state=job_state(state),
+            state=job_state("running" if end_untold else state),
             step=max(workers.step, 0),
             active_plan_version=workers.active_version,
-            detail=detail,
+            detail="" if end_untold else detail,
         )
 
     # -- what comes down -------------------------------------------------------------
@@ -376,13 +385,19 @@ class Agent:
                 if reader is not None:
                     reader[1].give(command.ack_logs.chunks)
             elif command.WhichOneof("body") == "forget_job":
-                self._forget(command.forget_job.job_id)
+                await self._forget(command.forget_job.job_id)
             elif command.WhichOneof("body") == "cancel":
                 workers = self.jobs.pop(command.cancel.job_id, None)
                 if workers is not None:
                     workers.stop()
 
-    def _forget(self, job_id: str) -> None:
+    def _drop(self, job_id: str) -> None:
+        """Forget a job that has ended: nothing of it is kept in memory."""
+        for kept in (self.jobs, self._ended_at, self._steps_to_send, self._links, self._last_sent):
+            kept.pop(job_id, None)
+        self._reported.discard(job_id)
+
+    async def _forget(self, job_id: str) -> None:
         """A deleted job: its folder under the work dir goes (inbox, worker logs), unless its
         workers still run here; its output folder is the user's."""
         workers = self.jobs.get(job_id)
@@ -391,12 +406,12 @@ class Agent:
             return
         if not JOB_ID.fullmatch(job_id):
             return  # names no folder of ours
-        for kept in (self.jobs, self._ended_at, self._steps_to_send, self._links):
-            kept.pop(job_id, None)
-        self._reported.discard(job_id)
+        if workers is not None:
+            workers.stop()
+        self._drop(job_id)
         folder = self.work_dir / job_id
         if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, folder, True)  # a job's logs: not on the event loop
             log.info("removed %s of deleted job %s", folder, job_id)
 
     def _read_logs(self, request: agent_pb2.ReadLogs) -> None:
@@ -442,9 +457,7 @@ class Agent:
         out = []
         nics = self._nic_samples()
         for job_id in [j for j, at in self._ended_at.items() if time.monotonic() - at > FORGET_AFTER_S]:
-            # Long reported: forgotten, so hellos stay small and old processes are let go.
-            self.jobs.pop(job_id, None)
-            del self._ended_at[job_id]
+            self._drop(job_id)  # long reported: forgotten, so hellos stay small and old processes are let go
         for job_id, workers in list(self.jobs.items()):
             if job_id in self._reported:
                 continue
@@ -488,7 +501,7 @@ class Agent:
         backlog = self._steps_to_send.get(job_id, []) + workers.new_progress()
         steps, self._steps_to_send[job_id] = backlog[:MAX_STEPS_SENT], backlog[MAX_STEPS_SENT:]
         stalled, lost = workers.stalled(), workers.lost_devices()
-        progress = steps[-1] if steps else None
+        progress = workers.progress if steps else None  # the newest read: the steps may be older ones sent again
         links = self._links.get(job_id, [])[:MAX_LINKS_SENT]
         self._links[job_id] = self._links.get(job_id, [])[MAX_LINKS_SENT:]
         now = time.time()

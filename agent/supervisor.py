@@ -60,6 +60,8 @@ class FailedHere:
 
     def __init__(self, detail: str):
         self.detail, self.local, self.step, self.active_version, self.latest = detail, {}, -1, 0, {}
+        self.recent_steps: deque[dict] = deque()
+        self.progress: dict | None = None
 
     def alive(self) -> int:
         return 0

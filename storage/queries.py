@@ -227,8 +227,10 @@ def telemetry(session: Session, job_id: str, device: str = "", limit: int = 100)
 
 
 def newest_history_step(session: Session, job_id: str) -> int:
-    """The newest step stored in the job's history; -1 if none."""
-    newest = session.scalar(select(func.max(HistoryPoint.step)).where(HistoryPoint.job_id == job_id))
+    """The step of the job's newest history row (the last stored, not the highest: after a
+    rollback the steps redone come again); -1 if none."""
+    query = select(HistoryPoint.step).where(HistoryPoint.job_id == job_id).order_by(HistoryPoint.id.desc()).limit(1)
+    newest = session.scalar(query)
     return -1 if newest is None else newest
 
 

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import json
 
+import grpc
 import pytest
 
 from drover.agent.supervisor import FailedHere, inside
 
-from support import eventually
+from support import TINY_JOB, eventually
 
 
 def test_inside_keeps_paths_in_their_root(tmp_path):
@@ -264,6 +265,49 @@ async def test_a_device_slowed_while_idle_is_slow_in_the_next_job_until_restored
         await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
         await plane.jobs.Straggle(jobs_pb2.StraggleRequest(device="node-0/0", rate=1.0))
         await eventually(lambda: agent.straggled == {}, what="the device restored")
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+async def test_a_job_that_ends_while_the_control_plane_is_down_keeps_every_step_of_its_history(tmp_path):
+    """Its agent reports it running in its hello until its steps are sent, then its end: the
+    control plane took no step of a job it had ended, and the agent never forgot the job."""
+    from drover.agent.daemon import Agent
+    from drover.control_plane.server import start_server, stop_server
+    from drover.v1 import jobs_pb2, jobs_pb2_grpc, state_pb2
+
+    from support import serve_plane
+
+    plane, stop = await serve_plane(tmp_path)
+    port = plane.port
+    agent = Agent(f"127.0.0.1:{port}", "node-0", cpu_devices=1, work_dir=str(tmp_path / "w"), data_root=str(tmp_path))
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        await plane.connected(1)
+        job = await plane.submit(TINY_JOB.replace("steps: 30", "steps: 60"))
+        await eventually(lambda: agent.connected and job.id in agent.jobs, what="the job started")
+        await eventually(lambda: agent.jobs[job.id].step >= 2, timeout_s=60, what="a few steps")
+        await stop()  # the control plane goes away mid-job
+        await eventually(lambda: agent.jobs[job.id].state()[0] == "completed", timeout_s=120, what="the job's end")
+        served = await start_server(str(tmp_path / "drover.db"), f"127.0.0.1:{port}", emulation=True)
+        try:
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+            jobs = jobs_pb2_grpc.JobServiceStub(channel)
+
+            async def completed():
+                got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
+                return got.state == state_pb2.JOB_STATE_COMPLETED
+
+            await eventually(completed, timeout_s=60, what="the job completed")
+            await eventually(lambda: agent._ended_at.get(job.id) is not None, what="its end reported")
+            await asyncio.sleep(1.5)  # a flush
+            history = await jobs.QueryHistory(jobs_pb2.QueryHistoryRequest(job_id=job.id, page_size=1000))
+            assert [p.step for p in history.points] == list(range(60))  # each once, in order
+            await channel.close()
+        finally:
+            await stop_server(served)
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
