@@ -141,6 +141,14 @@ def _log_to_stderr(log_format: str = "text", log_level: str = "info") -> None:
 _CORE_LEVELS = {"E": logging.ERROR, "W": logging.WARNING, "I": logging.INFO, "D": logging.DEBUG}
 
 
+def _thread_uncaught(uncaught):
+    def hook(args) -> None:  # a thread's uncaught exception, as the main thread's (SystemExit ends it quietly)
+        if not issubclass(args.exc_type, SystemExit):
+            uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+
+    return hook
+
+
 def _stderr_as_json_lines():
     """With --log-format json, whatever else writes to the process's stderr (gRPC's C core, an
     uncaught exception's traceback, Python's warnings) comes out as JSON lines too: fd 2 becomes
@@ -168,10 +176,12 @@ def _stderr_as_json_lines():
         logging.getLogger("drover").critical("uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb))
 
     def drain() -> None:  # at exit: what is still in the pipe is logged before the process goes
-        os.dup2(real.fileno(), 2)  # the pipe's last writer closed: the relay reads to its end
-        relaying.join(1.0)
+        os.dup2(real.fileno(), 2)
+        # Not until its end: a child started since (the agent's worker launcher) holds the pipe.
+        relaying.join(0.2)
 
     sys.excepthook = uncaught
+    threading.excepthook = _thread_uncaught(uncaught)
     atexit.register(drain)
     return real
 

@@ -365,10 +365,11 @@ def summary(out: Path, job, straggle_steps: list[int], database: str = "") -> st
     if slow_from is None:  # nothing slowed: no before and after
         rows = [["whole run", rate(0, end)]]
     else:
-        rows = [["before the straggler", rate(0, slow_from)]]
-    if slow_from is not None:
-        rows.append(["while slow", rate(slow_from, adapted_at if adapted_at is not None else end)])
-        rows.append(["after the new plan", rate(adapted_at + 1, end) if adapted_at is not None else "-"])
+        rows = [
+            ["before the straggler", rate(0, slow_from)],
+            ["while slow", rate(slow_from, adapted_at if adapted_at is not None else end)],
+            ["after the new plan", rate(adapted_at + 1, end) if adapted_at is not None else "-"],
+        ]
     plans = [e for e in events if e["kind"] == "plan_committed"]
     lines = [
         "",

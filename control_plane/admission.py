@@ -272,8 +272,11 @@ class Admission:
         it (its output folder is the user's). The nodes told."""
         async with self._placing:  # not while a pending job is being started
             row = await self.store.query(lambda s: queries.get_job(s, job_id))  # NOT_FOUND if unknown
-            if row.state not in TERMINAL or job_id in self.jobs:
+            if row.state not in TERMINAL:
                 raise FailedPrecondition(f"job {job_id} is {row.state}; cancel it first, then delete it")
+            if job_id in self.jobs:
+                raise FailedPrecondition(f"job {job_id} is {row.state} and still ending; try again in a moment")
+            await self.flush()  # its last samples, buffered still, go before its rows do (not after)
             await self.store.write(lambda s: queries.delete_job(s, job_id))
         told = sorted(self.outboxes)
         forget = agent_pb2.ControlMessage(command=agent_pb2.Command(forget_job=agent_pb2.ForgetJob(job_id=job_id)))

@@ -107,8 +107,9 @@ def _log_refusal(exc: Exception, context, method: str) -> None:
     now = time.monotonic()
     if now - _refusals_logged.get((peer, method), -math.inf) < REFUSALS_LOGGED_EVERY_S:
         return
-    if len(_refusals_logged) >= 4096:  # peers seen long ago go first
-        _refusals_logged.clear()
+    if len(_refusals_logged) >= 4096:  # bounded: those logged over a minute ago are forgotten
+        for key in [k for k, at in _refusals_logged.items() if now - at >= REFUSALS_LOGGED_EVERY_S]:
+            del _refusals_logged[key]
     _refusals_logged[peer, method] = now
     log.warning("refused %s from %s: %s", method, peer, str(exc)[:200])
 

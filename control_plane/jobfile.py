@@ -132,13 +132,17 @@ def _as_given(model_data: dict, path: Path) -> dict:
 def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_given) -> JobSpec:
     f = Fields(data, source)
     f.reject_unknown({"name", "model", "resources", "recoveries"} | TRAINING_KEYS)
+    name = f.get("name", "")
+    if not isinstance(name, (str, int, float)) or isinstance(name, bool):
+        raise f.error("name", name, "a name of at most 128 printable characters")
+    name = f.name("name", str(name))  # before the model's, which an inline model takes from it
     raw_model = f.get("model")
     if isinstance(raw_model, str) and base_dir is not None:
         model_path = base_dir / raw_model
         model_data = complete(load_mapping(model_path, "model"), model_path)
         model = model_from_dict(model_data, str(model_path))
     elif isinstance(raw_model, dict):
-        raw_model = {"name": str(f.get("name", "model"))[:128]} | raw_model  # an inline model is named by its job
+        raw_model = {"name": name or "model"} | raw_model  # an inline model is named by its job
         model_data = complete(raw_model, Path(source)) if base_dir is not None else raw_model
         model = model_from_dict(model_data, f"{source}: model")
     elif base_dir is None:
@@ -158,12 +162,7 @@ def _job(data, source: str, base_dir: Path | None, complete: Complete = _as_give
         r = f.mapping("recoveries")
         r.reject_unknown({"max", "within_steps"})
         recoveries = Recoveries(r.integer("max", 3, minimum=0, maximum=1000), r.integer("within_steps", 1000))
-    name = f.get("name", "")
-    # Printable: a name shows in tables and log lines, where a newline or an escape forges rows.
-    plain = isinstance(name, (str, int, float)) and not isinstance(name, bool)
-    if not plain or len(str(name)) > 128 or not str(name).isprintable():
-        raise f.error("name", name, "a name of at most 128 printable characters")
-    return JobSpec(model, model_data, training_from_job(f), resources, recoveries, str(name))
+    return JobSpec(model, model_data, training_from_job(f), resources, recoveries, name)
 
 
 def load_job(path: str | Path, complete: Complete = _as_given) -> JobSpec:

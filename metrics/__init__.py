@@ -86,15 +86,14 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False  # stopping does not wait for a slow client's thread
     context: ssl.SSLContext | None = None
-    connections: threading.BoundedSemaphore  # each server's own (serve)
-    per_client: dict[str, int]  # address -> its connections open now (serve)
+    per_client: dict[str, int]  # address -> its connections open now (each server's own: serve)
     counting: threading.Lock
 
     def process_request(self, request, client_address) -> None:
         with self.counting:
             host = client_address[0]
             # A flood of connections, or too many from one client: the rest are closed.
-            if self.per_client.get(host, 0) >= MAX_PER_CLIENT or not self.connections.acquire(blocking=False):
+            if self.per_client.get(host, 0) >= MAX_PER_CLIENT or sum(self.per_client.values()) >= MAX_CONNECTIONS:
                 self.shutdown_request(request)
                 return
             self.per_client[host] = self.per_client.get(host, 0) + 1
@@ -109,7 +108,6 @@ class _Server(ThreadingMixIn, WSGIServer):
                 self.per_client[host] -= 1
                 if not self.per_client[host]:
                     del self.per_client[host]
-                self.connections.release()
 
     def finish_request(self, request, client_address) -> None:
         if self.context is not None:
@@ -129,7 +127,6 @@ def serve(address: str, registry: CollectorRegistry, tls: tuple[Path, Path] | No
 
     class Server(_Server):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        connections = threading.BoundedSemaphore(MAX_CONNECTIONS)  # this server's own
         per_client: dict[str, int] = {}
         counting = threading.Lock()
 

@@ -173,9 +173,7 @@ def model_from_dict(data: dict, source: str = "model") -> ModelSpec:
         raise f.error(
             "micro_batch", micro_batch, f"at least global_batch / {MAX_MICRO_BATCHES} (micro-batches per step)"
         )
-    name = f.string("name", Path(source).stem)
-    if len(name) > 128 or not name.isprintable():  # shown in tables: a newline would forge a row
-        raise f.error("name", name, "a name of at most 128 printable characters")
+    name = f.name("name", f.string("name", Path(source).stem))
     entry_point, counted = "", None
     if family == "custom":
         entry_point = f.string("entry_point")

@@ -123,6 +123,13 @@ class Fields:
             raise self.error(key, value, "a non-empty string")
         return value
 
+    def name(self, key: str, value: str) -> str:
+        """`value` (this mapping's `key`) as a name: at most 128 printable characters, since a
+        name shows in tables and log lines, where a newline or an escape forges rows."""
+        if len(value) > 128 or not value.isprintable():
+            raise self.error(key, value, "a name of at most 128 printable characters")
+        return value
+
     def integer(self, key: str, default=_MISSING, minimum: int = 1, maximum: int = MAX_INTEGER) -> int:
         value = self.get(key, default)
         ok = not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= maximum

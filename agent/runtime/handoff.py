@@ -64,20 +64,27 @@ def no_links_out(root: Path, folder: Path) -> None:
     """Refuse a folder a job writes (its output, its checkpoints) if anything in it is a symbolic
     link leading outside `root`: the workers' files would follow it (a `model.pt` linked to a
     file elsewhere is overwritten). `inside` checks the folder's own path; this, what is in it,
-    as the job starts. Links that stay inside the root are the user's business."""
+    as the job starts, through links to folders inside the root too (each folder once). Links
+    that stay inside the root are the user's business."""
     if not folder.is_dir():
         return
     root = root.resolve()
-    seen = 0
-    for here, dirs, files in os.walk(folder, followlinks=False):
-        for name in dirs + files:
-            seen += 1
-            if seen > MAX_CHECKED_ENTRIES:
-                raise ValueError(f"{folder} holds more than {MAX_CHECKED_ENTRIES:,} entries: give the job a new folder")
-            path = Path(here) / name
+    todo, seen, entries = [folder], set(), 0
+    while todo:
+        here = todo.pop()
+        real = here.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        for path in here.iterdir():
+            entries += 1
+            if entries > MAX_CHECKED_ENTRIES:
+                raise ValueError(f"{folder.name!r} holds over {MAX_CHECKED_ENTRIES:,} entries: give the job another")
             if path.is_symlink() and not path.resolve().is_relative_to(root):
                 shown = path.relative_to(root) if path.is_relative_to(root) else path.name
                 raise ValueError(f"{str(shown)[:200]!r} links outside the data root: the job would write there")
+            if path.is_dir():  # a folder, or a link to one inside the root: what is in it too
+                todo.append(path)
 
 
 def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:

@@ -218,8 +218,11 @@ def _leave_holding_a_group_in_the_plan_before_a_switch(init: str, started, done)
 
     import torch.distributed as dist
 
+    from drover.agent.runtime import rejoining
     from drover.agent.runtime.tensor_parallel import WaitClock, join_group
     from drover.agent.runtime.worker import Worker
+
+    rejoining.close_connections = list  # the groups must close with their last reference, not be shut
 
     dist.init_process_group("gloo", init_method=init, rank=0, world_size=2, timeout=datetime.timedelta(seconds=60))
     tp = dist.new_group([0, 1])

@@ -32,7 +32,7 @@ def test_inside_follows_no_symlink_out(tmp_path):
     assert str(tmp_path) not in str(info.value)  # a job's failure, which readers see, names no agent path
 
 
-@pytest.mark.parametrize("linked", ["model.pt", "telemetry", "ckpt/step-4"])
+@pytest.mark.parametrize("linked", ["model.pt", "telemetry", "ckpt/step-4", "inside/deeper"])
 def test_a_job_whose_folders_hold_a_link_out_of_the_data_root_does_not_start(tmp_path, linked):
     """A user who can write into the data root links a file the job writes (its model, its
     telemetry folder, a checkpoint) to one elsewhere: the job is refused, the file untouched."""
@@ -43,8 +43,9 @@ def test_a_job_whose_folders_hold_a_link_out_of_the_data_root_does_not_start(tmp
     (root / "ckpt").mkdir()
     elsewhere.mkdir()
     (elsewhere / "victim").write_text("precious")
-    (root / "out" / "inside").symlink_to(root / "ckpt")  # stays in the root: allowed
-    target = root / ("out" if linked != "ckpt/step-4" else "") / linked
+    (root / "other").mkdir()
+    (root / "out" / "inside").symlink_to(root / "other")  # stays in the root: allowed, and looked into
+    target = root / ("out" if linked in ("model.pt", "telemetry") else "") / linked.replace("inside/", "other/")
     target.symlink_to(elsewhere / "victim")
     model = {"name": "t", "layers": 2, "hidden": 16, "ffn_hidden": 32, "heads": 2, "seq_len": 8, "vocab": 32}
     job = {"model": model | {"global_batch": 4, "micro_batch": 2}, "checkpoint": {"dir": "ckpt", "every_steps": 1}}

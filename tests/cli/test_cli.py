@@ -391,13 +391,6 @@ def test_up_leaves_the_output_of_a_run_still_going_in_its_folder(tmp_path, capsy
     assert (out / "trace.jsonl").read_text() == "{}\n"
 
 
-def test_an_agent_without_its_certificate_says_how_to_make_one(tmp_path):
-    run_cli("certs", "init", "--dir", str(tmp_path / "certs"), "--node", "node-0")
-    done = run_cli("agent", "--node", "node-2", "--tls-dir", str(tmp_path / "certs"), "--cpu-devices", "1")
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert "node-node-2.key: no such file (drover certs add-node node-2 makes it" in done.stderr
-
-
 def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_path, capsys):
     certs = tmp_path / "certs"
     main(["certs", "init", "--dir", str(certs), "--node", "node-0"])
@@ -409,7 +402,8 @@ def test_a_token_name_stays_in_its_folder_and_a_missing_file_is_one_line(tmp_pat
     with pytest.raises(SystemExit) as exit_code:  # was a FileNotFoundError traceback
         main(["agent", "--node", "node-7", "--tls-dir", str(certs), "--control-plane", "127.0.0.1:1"])
     err = capsys.readouterr().err
-    assert exit_code.value.code == 2 and err == f"drover: error: {certs}/node-node-7.key: No such file or directory\n"
+    hint = f"no such file (drover certs add-node node-7 makes it, with --dir {certs})"  # how to make one
+    assert exit_code.value.code == 2 and err == f"drover: error: {certs}/node-node-7.key: {hint}\n"
 
 
 @pytest.mark.parametrize(
@@ -454,6 +448,8 @@ def test_json_logs_carry_what_else_writes_to_stderr_as_json_lines(tmp_path):
         "logging.getLogger('drover.server').info('serving')\n"
         "os.write(2, b'E1207 06:12:00.123456 12345 ssl_transport.cc:12] handshake failed\\n')\n"
         "warnings.warn('careful')\n"
+        "import threading\n"
+        "t = threading.Thread(target=lambda: 1 / 0); t.start(); t.join()\n"
         "raise RuntimeError('start-up failed')\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
@@ -464,6 +460,8 @@ def test_json_logs_carry_what_else_writes_to_stderr_as_json_lines(tmp_path):
     core = by_message["E1207 06:12:00.123456 12345 ssl_transport.cc:12] handshake failed"]
     assert (core["logger"], core["level"]) == ("stderr", "error")
     assert any("UserWarning: careful" in m for m in by_message)
+    in_thread = by_message["uncaught ZeroDivisionError: division by zero"]  # one line, its traceback whole
+    assert "Traceback" in in_thread["exception"]
     crash = by_message["uncaught RuntimeError: start-up failed"]
     assert crash["level"] == "critical" and "Traceback" in crash["exception"]
 
