@@ -283,5 +283,11 @@ class Store:
         if self._lock is not None:
             self._lock.close()  # releases the lock
         if self._held is not None:
-            self._held.close()  # and PostgreSQL lets go of the advisory lock with its session
+            # Let go of the advisory lock now: its session ends only once the server has seen the
+            # connection close, and a store opened right after (a restart) found it still held.
+            try:
+                self._held.exec_driver_sql(f"SELECT pg_advisory_unlock({SERVER_LOCK})")
+            except Exception:  # noqa: BLE001 - the server gone: the session, and its lock, with it
+                pass
+            self._held.close()
         self.engine.dispose()
