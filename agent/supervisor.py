@@ -262,12 +262,21 @@ class JobWorkers:
         rows, self._offsets[path] = new_lines(path, self._offsets.get(path, 0))
         return rows
 
+    def _in_the_job(self) -> list[str]:
+        """The local devices whose workers still take part: not lost, not stopped, not left out of
+        the world (exited); all of them once every worker has ended."""
+        ended = not any(p.is_alive() for p in self.procs.values())
+        return [d for d in self.local if d not in self.dropped and (ended or self.procs[d].is_alive())]
+
     @property
     def active_version(self) -> int:
-        """The plan version every local worker has run (the observed generation)."""
-        if len(self.latest) < len(self.local):
+        """The plan version every local worker in the job has run (the observed generation). A
+        worker lost or left out is not waited for: its last line named an older version for good,
+        and the control plane saw a rollout that never ended (no replanning after a lost worker)."""
+        devices = self._in_the_job()
+        if not devices or any(d not in self.latest for d in devices):
             return 0
-        return min(row["plan_version"] for row in self.latest.values())
+        return min(self.latest[d]["plan_version"] for d in devices)
 
     @property
     def step(self) -> int:

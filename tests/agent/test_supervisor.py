@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from drover.agent.supervisor import FailedHere, inside
+from drover.storage import queries
 
 from support import TINY_JOB, eventually
 
@@ -309,6 +310,48 @@ async def test_a_job_that_ends_while_the_control_plane_is_down_keeps_every_step_
             await channel.close()
         finally:
             await stop_server(served)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+async def test_after_a_worker_is_lost_its_recovery_plan_is_committed_and_the_job_goes_on(plane):
+    """Failure review: the agent kept the dead worker's last telemetry line in its observed
+    version, so the recovery plan was never committed and the control plane never replanned
+    again for the job."""
+    import os
+    import signal
+
+    from drover.agent.daemon import Agent
+    from drover.v1 import jobs_pb2
+
+    work = plane.tmp / "w"
+    agent = Agent(f"127.0.0.1:{plane.port}", "node-0", cpu_devices=2, work_dir=str(work), data_root=str(plane.tmp))
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        await plane.connected(1)
+        # One block: each device a pipeline of its own, a replica of the whole model.
+        model = "{name: one, layers: 1, hidden: 64, ffn_hidden: 256, heads: 4, seq_len: 32, vocab: 128, "
+        model += "global_batch: 16, micro_batch: 4}"
+        job = await plane.submit(f"model: {model}\nsteps: 3000\nseed: 1\n")
+        state = lambda: plane.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))  # noqa: E731
+        await eventually(lambda: job.id in agent.jobs and agent.jobs[job.id].step >= 3, timeout_s=60, what="steps")
+        plan = (await plane.jobs.GetPlan(jobs_pb2.GetPlanRequest(job_id=job.id))).plan
+        assert len(plan.pipelines) == 2, plan  # a replica on each device: one can be lost
+        os.kill(agent.jobs[job.id].procs["node-0/1"].pid, signal.SIGKILL)
+        await eventually(
+            lambda: any(e.kind == "recovered" for e in plane.cp.store.read(lambda s: queries.events(s, job.id))),
+            timeout_s=60,
+            what="the recovery",
+        )
+
+        async def committed():
+            now = await state()
+            return now.plan_version >= 2 and now.committed_plan_version == now.plan_version
+
+        await eventually(committed, timeout_s=30, what="the recovery plan committed")
+        await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
