@@ -34,6 +34,7 @@ from .supervisor import FailedHere, JobWorkers, inside
 
 MAX_LINKS_SENT = 256  # link samples per telemetry message (the control plane keeps as many)
 MAX_STEPS_SENT = 256  # steps' progress per telemetry message, the oldest not yet sent
+MAX_SAMPLES_SENT = 512  # device samples per telemetry message, the newest (the rest are dropped)
 
 log = logging.getLogger("drover.agent")
 # An attempt is one TCP connection, cheap for a control plane even from a thousand agents,
@@ -483,7 +484,9 @@ class Agent:
                 p2p_wait_s=row["p2p_wait_s"],
                 grad_sync_s=row["grad_sync_s"],
             )
-            for row in workers.new_telemetry()
+            # The newest: after an outage thousands wait, past what a message may carry (1,024), and
+            # the detector judges by the newest anyway.
+            for row in workers.new_telemetry()[-MAX_SAMPLES_SENT:]
         ]
         migrations = [
             agent_pb2.Migration(

@@ -356,3 +356,32 @@ async def test_after_a_worker_is_lost_its_recovery_plan_is_committed_and_the_job
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+def test_after_a_long_outage_a_telemetry_message_stays_within_what_the_control_plane_takes(tmp_path):
+    """Failure review: 1,584 device samples gathered while the control plane was down went up in
+    one message; it was refused (at most 1,024), the stream ended, and they were lost with the
+    steps waiting behind them."""
+    from drover.agent.daemon import Agent
+    from drover.control_plane.validation import check_bounds
+
+    class Outage(FailedHere):  # a seam: a running job's files after 2,000 steps unsent
+        def state(self):
+            return "running", ""
+
+        def new_telemetry(self):
+            row = {"device": "node-0/0", "compute_s_per_block": 0.01, "p2p_wait_s": 0.0, "grad_sync_s": 0.0}
+            return [row | {"step": s} for s in range(2000)]
+
+        def new_progress(self):
+            figures = {"loss": 1.0, "lr": 1e-3, "samples_per_s": 1.0, "tokens_per_s": 1.0}
+            return [figures | {"step": s} for s in range(2000)]
+
+    agent = Agent("127.0.0.1:1", "node-0", work_dir=str(tmp_path / "w"), data_root=str(tmp_path))
+    workers = Outage("")
+    workers.progress = {"step": 1999, "loss": 1.0, "lr": 1e-3, "samples_per_s": 1.0, "tokens_per_s": 1.0}
+    (message,) = agent._job_messages("job-1", workers, [])
+    check_bounds(message, "AgentMessage")  # what the control plane holds every message to
+    assert [s.step for s in message.telemetry.devices] == list(range(1488, 2000))  # the newest
+    assert [s.step for s in message.telemetry.steps] == list(range(256))  # the oldest: the rest follow
+    assert message.telemetry.progress.step == 1999
