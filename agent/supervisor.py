@@ -30,6 +30,23 @@ from .runtime.handoff import (
 # batch are lost with it if it is killed. An agent sends this many newest steps again on a new
 # stream; the control plane keeps each step once.
 RESENT_STEPS = 256
+RESENT_BYTES = 64 * 1024  # of a trace a new rank 0's agent reads again: a few hundred steps
+
+
+def line_near_end(path: Path, span: int) -> int:
+    """The offset of the first whole line within the last `span` bytes of a file (0 if none)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - span)
+            f.seek(start)
+            head = f.read(span)
+    except OSError:
+        return 0
+    if start == 0:
+        return 0
+    cut = head.find(b"\n")
+    return size if cut < 0 else start + cut + 1
 
 
 def worker_job(payload: dict, steps: int, seed: int) -> tuple[ModelSpec, Training]:
@@ -186,6 +203,9 @@ class JobWorkers:
             for name in ("trace.jsonl", "migrations.jsonl", "eval.jsonl"):
                 path = self.out_dir / name
                 self._offsets[path] = path.stat().st_size if path.exists() else 0
+            # The trace's last lines again (the control plane keeps each step once): the steps the
+            # lost rank 0's agent had not sent yet, where the two share the file (one machine).
+            self._offsets[self.out_dir / "trace.jsonl"] = line_near_end(self.out_dir / "trace.jsonl", RESENT_BYTES)
         self.hosts_rank0 = hosted
         write_atomically(self.inbox / f"world-{world['generation']}.json", world)
 

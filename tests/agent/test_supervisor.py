@@ -385,3 +385,22 @@ def test_after_a_long_outage_a_telemetry_message_stays_within_what_the_control_p
     assert [s.step for s in message.telemetry.devices] == list(range(1488, 2000))  # the newest
     assert [s.step for s in message.telemetry.steps] == list(range(256))  # the oldest: the rest follow
     assert message.telemetry.progress.step == 1999
+
+
+def test_a_node_that_becomes_rank_0s_host_reads_the_traces_last_steps_again(tmp_path):
+    """Failure review: the steps the lost rank 0's agent had not sent were missing from the
+    history (steps 14 and 15 of 60); the new host read the shared trace from its end."""
+    from drover.agent.supervisor import JobWorkers, line_near_end
+
+    out = tmp_path / "out"
+    (tmp_path / "inbox").mkdir()
+    out.mkdir()
+    lines = [json.dumps({"step": s, "loss": 1.0, "lr": 1e-3, "samples_per_s": 1.0}) + "\n" for s in range(2000)]
+    (out / "trace.jsonl").write_text("".join(lines))
+    workers = object.__new__(JobWorkers)  # only the state recover reads
+    workers.node, workers.hosts_rank0, workers.out_dir, workers._offsets = "node-0", False, out, {}
+    workers.inbox, workers.progress, workers.recent_steps, workers.tokens_per_sample = tmp_path / "inbox", None, [], 8
+    workers.recover({"generation": 1}, {"node-0/0": 0, "node-1/0": 1})
+    steps = [row["step"] for row in workers.new_progress()]
+    assert steps == list(range(steps[0], 2000)) and 100 < len(steps) < 2000  # a whole line first, to the end
+    assert line_near_end(out / "trace.jsonl", 10**9) == 0 and line_near_end(tmp_path / "none", 10) == 0
