@@ -29,14 +29,16 @@ def sync_gradients(
     parts: dict[layout.Part, torch.nn.Module],
     role: layout.Role,
     device: torch.device,
+    wait=lambda work, group: work.wait(),
 ) -> None:
     """Sum each part's gradient over the pipelines that hold it; sync_groups pairs each of
-    this worker's sync groups with its process group."""
+    this worker's sync groups with its process group. `wait(work, group)` waits for each
+    all-reduce (a worker's WorldWatch.wait: given up once its world is over)."""
     for group, pg in sync_groups:
         params = [(part, name, p) for part in group.parts for name, p in parts[part].named_parameters()]
         if group.mode == "shard":
             flat = torch.cat([p.grad.flatten() for _, _, p in params])
-            dist.all_reduce(flat, group=pg)
+            wait(dist.all_reduce(flat, group=pg, async_op=True), pg)
             offset = 0
             for _, _, p in params:
                 p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
@@ -54,7 +56,7 @@ def sync_gradients(
                 full.copy_(p.grad)
             fulls.append(full)
         flat = torch.cat([f.flatten() for f in fulls])
-        dist.all_reduce(flat, group=pg)
+        wait(dist.all_reduce(flat, group=pg, async_op=True), pg)
         offset = 0
         for (part, name, p), full in zip(params, fulls):
             summed = flat[offset : offset + full.numel()].view_as(full)

@@ -55,6 +55,7 @@ _PEER_LOST = re.compile(
 # torch's 30 minutes): past it a peer that never answers counts as lost.
 COLLECTIVE_TIMEOUT_S = 300
 WORLD_FILE = re.compile(r"world-(\d+)\.json")
+ABANDONED: list = []  # (collective, group) left behind by WorldWatch.wait: never destroyed
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -212,12 +213,35 @@ class WorldWatch:
         own business: its collective timeout applies)."""
         self._lock = threading.Lock()
         self._world: tuple[int, frozenset[str]] | None = None
+        self.ended = threading.Event()  # the world entered last is over (set by a firing)
+        self.watching = inbox is not None
         if inbox is not None:
             threading.Thread(target=self._run, args=(inbox, poll_s), name="world-watch", daemon=True).start()
 
     def enter(self, generation: int, devices) -> None:
         with self._lock:
             self._world = (generation, frozenset(devices))
+            self.ended.clear()
+
+    def wait(self, work, group=None) -> None:
+        """Wait for a collective `work` (async_op) of the world entered, unless that world is
+        found over first: then raise a lost peer, leaving the collective behind. Shutting the
+        world's sockets (the firing) frees a collective waiting on them, but not one gloo left
+        waiting on a send to a dead peer: that one ended only at COLLECTIVE_TIMEOUT_S (seen as
+        an intermittent 5-minute stall after a node kill). An abandoned collective and its group
+        are kept for the process's life: destroying a group whose collective is pending blocks
+        until that ends."""
+        if not self.watching:
+            work.wait()
+            return
+        pause = 0.0001
+        while not work.is_completed():
+            if self.ended.is_set():
+                ABANDONED.append((work, group))
+                raise RuntimeError("Connection closed by peer: the world ended while a collective waited (world watch)")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.001)  # at most a millisecond late
+        work.wait()  # its error, if it failed
 
     def leave(self) -> None:
         with self._lock:
@@ -244,6 +268,7 @@ class WorldWatch:
                             ", ".join(closed[:16]),
                         )
                         self._world = None
+                        self.ended.set()
                 except Exception as exc:  # noqa: BLE001 - the watch must outlive a bad world file; the worker reports it
                     if str(exc) != failed:
                         failed = str(exc)

@@ -153,7 +153,7 @@ class Worker(Rejoining, Switching):
         grad_norm = self._clip() if self.optim.clip_norm is not None else None
         self.pending = step  # this step's final gradients are held: it can be rolled forward
         loss = torch.tensor([stats.loss], device=self.torch_device)
-        dist.all_reduce(loss)  # the vote: whoever completes it commits the step
+        self.watch.wait(dist.all_reduce(loss, async_op=True))  # the vote: whoever completes it commits the step
         if self.rank in self.roles:
             self._update(step)
         self.pending, self.committed, self.previous = None, step + 1, None
@@ -271,7 +271,7 @@ class Worker(Rejoining, Switching):
             tp_group=self.tp_pg,
         )
         t0 = time.perf_counter()
-        sync_gradients(self.sync_pgs, self.parts, role, self.torch_device)
+        sync_gradients(self.sync_pgs, self.parts, role, self.torch_device, self.watch.wait)
         stats.sync_s = time.perf_counter() - t0
         return stats
 

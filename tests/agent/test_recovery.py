@@ -400,3 +400,27 @@ def test_a_world_watch_fires_once_for_a_world_that_leaves_a_member_out_and_never
     left.leave()
     settle()
     assert len(closes) == 1
+
+
+class _NeverEnds:
+    """A collective gloo never ends (a send pending to a dead peer: seen in a kill run)."""
+
+    def is_completed(self) -> bool:
+        return False
+
+    def wait(self):
+        raise AssertionError("waited for good")
+
+
+def test_a_collective_left_pending_is_given_up_once_the_world_is_found_over(tmp_path):
+    watch = WorldWatch(tmp_path, poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    pending, group = _NeverEnds(), object()
+    new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))  # local/0 is gone
+    began = time.perf_counter()
+    with pytest.raises(RuntimeError) as info:
+        watch.wait(pending, group)
+    assert peer_lost(info.value) and time.perf_counter() - began < 5
+    assert recovery.ABANDONED[-1] == (pending, group)  # kept: destroying its group would block
+    watch.enter(1, ["local/1"])  # the next world: collectives are waited for again
+    assert not watch.ended.is_set()
