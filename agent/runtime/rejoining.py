@@ -93,7 +93,7 @@ class Rejoining:
         self.rank, self.ranks, self.world = world.ranks[self.device_id], world.ranks, world.size
         # The step commit protocol: agree on the newest committed step, roll forward if behind.
         newest = torch.tensor([self.committed], dtype=torch.int64, device=self.torch_device)
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        self.watch.wait(dist.all_reduce(newest, op=dist.ReduceOp.MAX, async_op=True))
         newest = int(newest)
         if self.joining:  # a newcomer holds nothing yet: it starts where the others are
             self.committed, self.joining = newest, False

@@ -208,7 +208,7 @@ class Worker(Rejoining, Switching):
                 )
                 total += stats.loss
         loss = torch.tensor([total / batches], device=self.torch_device)
-        dist.all_reduce(loss)
+        self.watch.wait(dist.all_reduce(loss, async_op=True))
         if out:
             out.write(json.dumps({"step": done, "val_loss": loss.item(), "samples": batches * self.spec.global_batch}))
             out.write("\n")
@@ -251,7 +251,7 @@ class Worker(Rejoining, Switching):
         world = newest_world(Path(self.args.inbox), self.generation) if self.args.inbox else None
         held = [max(self.received, default=0), world.generation if world else self.generation]
         newest = torch.tensor(held, dtype=torch.int64, device=self.torch_device)
-        dist.all_reduce(newest, op=dist.ReduceOp.MIN)
+        self.watch.wait(dist.all_reduce(newest, op=dist.ReduceOp.MIN, async_op=True))
         return int(newest[0]), int(newest[1])
 
     def _train_step(self, step: int) -> Stats:
@@ -286,7 +286,7 @@ class Worker(Rejoining, Switching):
             if role.tp_rank == 0 or split_dim(self.parts[part], name) is not None
         ]
         sq = local_sq_norm(grads, self.torch_device)
-        dist.all_reduce(sq)
+        self.watch.wait(dist.all_reduce(sq, async_op=True))
         factor = clip_factor(sq.item(), self.optim.clip_norm)
         if factor < 1.0 and role is not None:
             for module in self.parts.values():
