@@ -200,7 +200,7 @@ class JobWorkers:
         """A new world for the job's workers after a loss (recovery.py reads it from the inbox)."""
         hosted = 0 in {r for d, r in ranks.items() if d.startswith(self.node + "/")}
         if hosted and not self.hosts_rank0:  # rank 0's files are ours to tail from here on
-            for name in ("trace.jsonl", "migrations.jsonl", "eval.jsonl"):
+            for name in ("migrations.jsonl", "eval.jsonl"):
                 path = self.out_dir / name
                 self._offsets[path] = path.stat().st_size if path.exists() else 0
             # The trace's last lines again (the control plane keeps each step once): the steps the
