@@ -20,6 +20,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+# Both versions as Python: the other revision's copy never loads the working tree's compiled
+# modules (planner/compiled.py), so compiling only one side would time the compiler, not the change.
+os.environ["DROVER_PLANNER_PURE"] = "1"
 
 from scenarios import generate  # noqa: E402
 

@@ -10,7 +10,13 @@ the cluster, model and plan types, and their wire conversions
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .compiled import load_compiled
+
+# The search's modules load compiled where scripts/build_planner_ext.py built them (compiled.py).
+COMPILED_MODULES = load_compiled(__name__, Path(__file__).resolve().parent)
 
 # Exported names, each imported from its module when first read (PEP 562): a process that only
 # needs the errors or the wire conversions (the client library, `drover job list`) does not load

@@ -78,7 +78,7 @@ def best_partition(
     if every split's pipelines alone take longer than `bound`."""
     devices = [[g.devices for g in pipe] for pipe in pipelines]
     scored = []
-    for crossing in [None, *network_crossings(costs, cluster, every_crossing)]:
+    for crossing in [None] + network_crossings(costs, cluster, every_crossing):
         split = costs if crossing is None else partition_layers(pipelines, model, cluster, crossings=crossing)
         if split is not None:
             scored.append((score(devices, split, removed, model, cluster, bound=bound), crossing, split))

@@ -265,7 +265,7 @@ def dp_sync_floor(pipelines: list, model: ModelSpec, cluster: Cluster) -> float:
     bw = min([max([out_bw[s.node] for s in pipe]) for pipe in pipelines])
     if D <= max(n.gpus for n in cluster.nodes):  # every pipeline may hold a stage on one node
         shared = set.intersection(*[{s.node for s in pipe} for pipe in pipelines])
-        bw = max([bw, *[cluster.link_bw(n, n) for n in shared]])
+        bw = max([bw] + [cluster.link_bw(n, n) for n in shared])
     per_block = factor * 2 * model.block_params / (min([max([s.t for s in pipe]) for pipe in pipelines]) * bw)
     deepest_stage = -(-model.layers // min([len(pipe) for pipe in pipelines]))
     return max(emb + per_block, head + per_block, deepest_stage * per_block)

@@ -228,7 +228,7 @@ def _pipeline_floor(kinds: tuple, hops: tuple, model: ModelSpec, in_flight: int,
     if compute is None:
         return None
     comms = [2 * model.activation_bytes / (min(a[0], b[0]) * bw) for a, b, bw in zip(kinds, kinds[1:], hops)]
-    return compute[0] + sum(comms), max([compute[1], *comms])
+    return compute[0] + sum(comms), max([compute[1]] + comms)
 
 
 class _Memo:

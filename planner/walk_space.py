@@ -263,7 +263,7 @@ class DataParallel:
                     bw = np.where(both, np.minimum(bw, sp.pbw[a][b]), bw)
         sync = self.params / (tmin * bw)
         L = sp.L
-        prefix = [0.0, *itertools.accumulate(sync[:L].tolist())]
+        prefix = [0.0] + list(itertools.accumulate(sync[:L].tolist()))
         emb, head = float(sync[L]), float(sync[L + 1])
         worst = 0.0
         for b in bounds:
