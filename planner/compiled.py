@@ -25,6 +25,7 @@ from pathlib import Path
 COMPILED = (
     "assignment",
     "candidate",
+    "cluster",
     "cost",
     "orchestration",
     "polish",

@@ -3,7 +3,9 @@ plane, and `eventually` for conditions that become true asynchronously."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import gc
 import json
 import shutil
 import subprocess
@@ -44,6 +46,19 @@ async def eventually(check, timeout_s: float = 10.0, every_s: float = 0.05, what
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout_s} s (last: {result!r})")
         await asyncio.sleep(every_s)
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """ast.parse with the cyclic collector held off: a collection inside it can finalize an earlier
+    test's leftover asyncio task, whose logged error formats a traceback with ast.parse, and CPython
+    3.11 then fails the outer parse ("AST constructor recursion depth mismatch", seen in CI)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, filename)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def cpu_device(device_id: str, tflops: float = 0.05) -> agent_pb2.Device:

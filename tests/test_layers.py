@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from support import ROOT, parse_python
 
 # package -> its folder
 FOLDERS = {
@@ -67,7 +67,7 @@ def imports_of(package: str, folder: Path) -> list[tuple[str, str]]:
         relative = path.relative_to(folder).with_suffix("")
         parts = package.split(".") + [p for p in relative.parts if p != "__init__"]
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_python(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found += [(str(path.relative_to(ROOT)), alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):

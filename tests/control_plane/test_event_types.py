@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from drover.control_plane.messages import PAYLOAD_KEYS, event_message
 from drover.v1 import events_pb2, jobs_pb2
 
-from support import ROOT
+from support import ROOT, parse_python
 
 KINDS = set(events_pb2.EventKind.keys())
 
@@ -19,7 +19,7 @@ def written_events() -> dict[str, set[str]]:
     """kind -> the detail keys written with it, from every call that names a kind literally."""
     found: dict[str, set[str]] = {}
     for path in (ROOT / "control_plane").glob("*.py"):
-        for call in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)):
+        for call in (n for n in ast.walk(parse_python(path.read_text())) if isinstance(n, ast.Call)):
             name = getattr(call.func, "attr", getattr(call.func, "id", ""))
             if name not in ("_event", "_end", "add_event", "log_event"):
                 continue
@@ -45,7 +45,8 @@ def test_every_written_kind_is_an_event_kind_with_a_payload_for_its_details():
 
 def test_replan_skipped_holds_every_detail_the_coordinator_weighs():
     source = (ROOT / "control_plane" / "coordinator.py").read_text()
-    assigned = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)]
+    nodes = ast.walk(parse_python(source))
+    assigned = [n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)]
     details = next(n.value for n in assigned if any(getattr(t, "id", "") == "details" for t in n.targets))
     keys = {k.value for k in details.keys}
     assert keys and keys <= set(events_pb2.ReplanSkipped.DESCRIPTOR.fields_by_name), keys
