@@ -172,6 +172,14 @@ def surviving_holdings(
     }
 
 
+def one_node_parts(plan: Plan, layers: int) -> list[Part]:
+    """Parts every copy of which is on one node (a device's node is its id's prefix): lost with
+    that node, they come back only from a checkpoint."""
+    ranks = {device: i for i, device in enumerate(plan.devices)}
+    node_of = {i: device.split("/")[0] for device, i in ranks.items()}
+    return [part for part, held in holdings(plan, ranks, layers).items() if len({node_of[r] for r in held}) == 1]
+
+
 def lost_parts(before: dict[Part, dict[int, tuple[int, int]]]) -> list[Part]:
     """Parts of which no complete copy survives: for no TP size are all its shards held."""
     return [part for part, held in before.items() if not _complete_sizes(held)]

@@ -5,6 +5,7 @@ nodes share (links.py). A mixin of worker.Worker, whose state it shares."""
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import signal
 import time
@@ -23,6 +24,8 @@ from .model import build_part
 from .parts import empty_part
 from .recovery import COLLECTIVE_TIMEOUT_S
 from .tensor_parallel import join_group
+
+log = logging.getLogger("drover.worker")
 
 _HELD = object()  # _switch's default: what the current plan holds
 
@@ -85,6 +88,14 @@ class Switching:
             for part, module in self.parts.items():
                 if isinstance(part, int):
                     join_group(module, self.tp_pg, self.tp_clock)
+        if self.plan is not None and self.training.checkpoint and not self.checkpoint_due:
+            # A switch that leaves a part on one node, where each part had copies on two nodes or
+            # more, is followed by a checkpoint: else losing that node before the next periodic one
+            # would end a job that survived it under the plan before (a straggler's replan, say).
+            alone = layout.one_node_parts(new_plan, self.spec.layers)
+            if alone and not layout.one_node_parts(self.plan, self.spec.layers):
+                self.checkpoint_due = True
+                log.info("plan v%d keeps %d parts on one node only: a checkpoint after this step", version, len(alone))
         self.plan, self.version = new_plan, version
         return summarize(step, version, migrated, started, self.torch_device)
 

@@ -85,6 +85,7 @@ class Worker(Rejoining, Switching):
         if args.joining:
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
+        self.checkpoint_due = False  # a switch left a part on one node: a checkpoint after this step
         self.watch = WorldWatch(Path(args.inbox) if args.inbox and torch_device.type == "cpu" else None)
         self.outputs: dict[str, object] = {}
         self.curves = Curves(args.out_dir, self.training.tensorboard)  # rank 0's TensorBoard files
@@ -181,8 +182,10 @@ class Worker(Rejoining, Switching):
         if evaluation and (done % evaluation.every_steps == 0 or done == steps):
             self._evaluate(done, self._output("eval.jsonl") if self.rank == 0 else None)
         checkpoint = self.training.checkpoint
-        if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
+        periodic = checkpoint and checkpoint.every_steps and done % checkpoint.every_steps == 0
+        if checkpoint and (periodic or done == steps or self.checkpoint_due):
             self._checkpoint(done)
+            self.checkpoint_due = False
 
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,

@@ -20,8 +20,10 @@ import torch
 
 from drover.agent.runtime.checkpoint import check_resumable, complete_checkpoints, find_checkpoint, gathered_model
 from drover.agent.runtime.launch import train_reference, train_workers
+from drover.planner import Cluster, Gpu, Node
 from drover.planner.errors import SpecError
 from drover.planner.model import load_model
+from drover.planner.plan import plan_from_dict
 from drover.planner.training import Checkpointing, Optimizer, Schedule, Training
 
 from support import DP2_PP2, ROOT, local_plan, losses, run_cli, trace
@@ -30,6 +32,29 @@ TINY_LLAMA = ROOT / "examples" / "models" / "tiny-llama.yaml"
 STEPS, SEED = 8, 5
 TRAINING = Training(STEPS, SEED, Optimizer(clip_norm=0.5), Schedule(2, "cosine", 1e-4))
 TP2_TWO_WORKERS = local_plan((8, [([0, 1], (0, 4))]))  # one pipeline, one TP-2 stage, on 2 workers
+# Two nodes of two devices, paced by GPUs fast enough that the real computation sets the time.
+TWO_NODES = Cluster("two-nodes", tuple(Node(name, 2, Gpu("fast", 1000.0, 80.0), 100.0, 100.0) for name in "ab"))
+
+
+def plan_on(*pipelines):
+    """Pipelines of (device, blocks) stages, four micro-batches each."""
+    return plan_from_dict(
+        {
+            "strategy": "test",
+            "global_batch": 16,
+            "micro_batch": 2,
+            "pipelines": [
+                {"micro_batches": 4, "stages": [{"devices": [d], "layers": list(span)} for d, span in stages]}
+                for stages in pipelines
+            ],
+        }
+    )
+
+
+# Each pipeline on a node of its own: every part has a copy on a and on b.
+PER_NODE = plan_on([("a/0", (0, 2)), ("a/1", (2, 4))], [("b/0", (0, 2)), ("b/1", (2, 4))])
+# Each pipeline across both: blocks 0-1 (and the embedding) on a only, 2-3 (and the head) on b only.
+ACROSS = plan_on([("a/0", (0, 2)), ("b/0", (2, 4))], [("a/1", (0, 2)), ("b/1", (2, 4))])
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +101,17 @@ def test_a_killed_job_resumes_under_another_plan_and_worker_count_exactly(spec, 
         assert ((got[key] - want[key]).norm() / want[key].norm()).item() < 1e-4, key
     stitched = losses(tmp_path / "first")[:done] + losses(tmp_path / "second")
     assert stitched == pytest.approx(losses(reference), rel=1e-5)
+
+
+def test_a_switch_that_leaves_parts_on_one_node_is_followed_by_a_checkpoint(spec, tmp_path):
+    training = replace(TRAINING, checkpoint=Checkpointing("ckpt", every_steps=100, keep=10))
+    plans = [(0, PER_NODE), (2, ACROSS), (4, PER_NODE), (5, ACROSS), (6, ACROSS)]
+    train_workers(spec, 4, plans, tmp_path / "run", training, data_root=tmp_path, paced=TWO_NODES)
+    saved = [int(path.name.split("-")[1]) for path in complete_checkpoints(tmp_path / "ckpt")]
+    # After the first step under ACROSS each time it follows PER_NODE; ACROSS again, or PER_NODE,
+    # asks for none; and the last step's.
+    assert saved == [3, 6, STEPS]
+    assert [t["step"] for t in trace(tmp_path / "run")] == list(range(STEPS))
 
 
 def test_a_half_written_checkpoint_is_never_resumed(spec, tmp_path):

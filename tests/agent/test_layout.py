@@ -7,6 +7,7 @@ import torch
 
 from drover.agent.runtime import data, layout
 from drover.agent.runtime.model import EMBED, HEAD, Decoder, DecoderConfig, build_part
+from drover.planner.plan import plan_from_dict
 
 from support import DP2_PP2, MIXED_TP, REJOIN, SHRINK, THREE, TP2, UNEVEN, local_plan
 
@@ -16,6 +17,18 @@ L = 4
 
 def moves(old, new):
     return {(m.part, m.src, m.dst, m.t, m.r) for m in layout.transfers(old, new, RANKS, L)}
+
+
+def test_parts_on_one_node_are_those_no_other_node_holds_a_copy_of():
+    # local/* are one node's devices: every part is on it alone.
+    assert layout.one_node_parts(DP2_PP2, 4) == layout.part_order(4)
+    across = DP2_PP2.to_dict()
+    for pipe, node in zip(across["pipelines"], ("a", "b")):
+        for k, stage in enumerate(pipe["stages"]):
+            stage["devices"] = [f"{node}/{k}"]  # each pipeline on its own node: copies on both
+    assert layout.one_node_parts(plan_from_dict(across), 4) == []
+    across["pipelines"][1]["stages"][1]["devices"] = ["a/2"]  # blocks 2-3 and the head: on a alone
+    assert layout.one_node_parts(plan_from_dict(across), 4) == [2, 3, HEAD]
 
 
 def test_roles_of_a_two_by_two_plan():
