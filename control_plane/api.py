@@ -29,7 +29,7 @@ from drover.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from .controller import ControlPlane
 from .identity import Authenticator
-from .limits import RateLimiter, ResourceExhausted
+from .limits import AGENT_MESSAGES, Pacer, RateLimiter, ResourceExhausted
 from .logs import MAX_OPEN, MAX_TAIL_BYTES
 from .logs import stream as stream_logs
 from .messages import (
@@ -216,6 +216,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.cp, self.auth, self.max_streams = cp, auth, max_streams
         self.opening: dict[str, int] = {}  # caller -> its streams not yet past the hello
         self.streams = 0
+        self.pacer = Pacer(*AGENT_MESSAGES)  # per node, across its streams
+        self.paced_logged: dict[str, float] = {}  # node -> when its pacing was last logged
 
     def _authorise(self, name: str, context) -> None:
         pass  # Connect checks the node certificate against the hello it carries
@@ -277,10 +279,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def _read(self, node: str, requests) -> None:
         async for message in requests:
+            kind = message.WhichOneof("body") if isinstance(message, Message) else None  # Malformed: _check
+            if kind in ("telemetry", "status"):  # log chunks flow only as a reader's window allows
+                await self._paced(node)
             self.cp.handling(node, started=True)
             try:
                 _check(message)
-                kind = message.WhichOneof("body")
                 if kind == "telemetry":
                     await self.cp.telemetry(node, message.telemetry)
                 elif kind == "status":
@@ -289,6 +293,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     self.cp.logs.deliver(node, message.log_chunk)
             finally:
                 self.cp.handling(node, started=False)
+
+    async def _paced(self, node: str) -> None:
+        """Wait until the node's next message may be handled (limits.AGENT_MESSAGES)."""
+        while (wait := self.pacer.wait_s(node)) > 0:
+            now = time.monotonic()
+            if now - self.paced_logged.get(node, -math.inf) >= REFUSALS_LOGGED_EVERY_S:
+                self.paced_logged[node] = now
+                burst, per_s = self.pacer.burst, self.pacer.per_s
+                log.warning(
+                    "agent %s sends more than %g messages a second (after a burst of %g): its stream is read "
+                    "at that rate",
+                    node,
+                    per_s,
+                    burst,
+                    extra={"event": "agent_paced", "node": node},
+                )
+            await asyncio.sleep(wait)
 
 
 def _peer_host(peer: str) -> str:

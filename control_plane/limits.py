@@ -1,7 +1,11 @@
 """Rate limits on the requests that make the control plane work hard or
 change what it does: submissions (a plan each), replans (a plan and a
 rollout) and detection switches. A token bucket per caller and RPC: a burst,
-then a steady rate; beyond it RESOURCE_EXHAUSTED, naming when to retry."""
+then a steady rate; beyond it RESOURCE_EXHAUSTED, naming when to retry.
+
+An agent's stream is paced instead (Pacer): past its rate, its next message
+is read later, so gRPC's flow control slows that agent alone and nothing it
+sent is refused or lost."""
 
 from __future__ import annotations
 
@@ -51,3 +55,25 @@ class RateLimiter:
                 f"{method}: at most {self.rates[method][1]:g} a second per caller after a "
                 f"burst of {self.rates[method][0]:g}; retry in {wait:.1f} s"
             )
+
+
+# Telemetry and status messages a node's agent stream brings, per second after a burst (log chunks
+# come only as a log reader's window allows).
+# An agent sends about one a second, and after an outage its backlog in a few messages of 256
+# steps each: well inside. An agent sending more (broken, or hostile) is read at this rate, so it
+# cannot take the event loop and the database from the other nodes.
+AGENT_MESSAGES = (100, 20.0)
+
+
+class Pacer:
+    """Per caller, how long its next message waits before it is handled (a token bucket)."""
+
+    def __init__(self, burst: float, per_s: float, clock=time.monotonic):
+        self.burst, self.per_s, self.clock = burst, per_s, clock
+        self.buckets: dict[str, Bucket] = {}
+
+    def wait_s(self, caller: str) -> float:
+        """0, and the message is counted, when it may be handled now; else the seconds until it may."""
+        now = self.clock()
+        bucket = self.buckets.setdefault(caller, Bucket(self.burst, self.per_s, self.burst, now))
+        return bucket.take(now)
