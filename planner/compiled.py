@@ -6,8 +6,9 @@ source tree (<venv>/drover-planner-ext/), with each source's SHA-256: a module
 loads compiled only while its source is byte for byte the one it was built from,
 so an edited module runs as the Python it now says, never as a stale build.
 DROVER_PLANNER_PURE=1 runs every module as Python (bench/planner_versus.py
-compares versions so). This file imports nothing of the planner: the build
-script reads COMPILED and manifest_entry from it.
+compares versions so; a profiler or debugger sees Python frames then). This
+file imports nothing of the planner: the build script reads COMPILED and
+manifest_entry from it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ COMPILED = (
 )
 PURE_ENV = "DROVER_PLANNER_PURE"
 PACKAGE = "drover.planner"
+UNAVAILABLE = "unavailable.json"  # in ext_dir(): why nothing was compiled (no compiler, ...)
 
 
 def ext_dir() -> Path:
@@ -49,25 +51,36 @@ def manifest_entry(source_dir: Path, name: str) -> dict:
     return {"sha256": hashlib.sha256(source).hexdigest(), "abi": sysconfig.get_config_var("EXT_SUFFIX")}
 
 
+class _Loader(importlib.machinery.ExtensionFileLoader):
+    """A compiled module's loader that also gives its Python source: a traceback through compiled
+    code names the source as the build saw it (drover-planner/search.py), and reads its lines here."""
+
+    def __init__(self, fullname: str, library: Path, source: Path) -> None:
+        super().__init__(fullname, str(library))
+        self.source = source
+
+    def get_source(self, fullname: str) -> str:
+        return self.source.read_text()
+
+
 class _Finder:
     """Finds the compiled modules named at install (a meta path finder ahead of the file system's)."""
 
-    def __init__(self, libraries: dict[str, Path]) -> None:
-        self.libraries = libraries
+    def __init__(self, libraries: dict[str, tuple[Path, Path]]) -> None:
+        self.libraries = libraries  # module -> (its build, its source)
 
     def find_spec(self, fullname: str, path=None, target=None):
-        library = self.libraries.get(fullname)
-        if library is None:
+        library, source = self.libraries.get(fullname, (None, None))
+        if library is None or not library.is_file():  # gone since (a rebuild swapping it): the .py
             return None
-        loader = importlib.machinery.ExtensionFileLoader(fullname, str(library))
-        return importlib.util.spec_from_file_location(fullname, library, loader=loader)
+        return importlib.util.spec_from_file_location(fullname, library, loader=_Loader(fullname, library, source))
 
 
 def load_compiled(package: str, source_dir: Path, where: Path | None = None) -> tuple[str, ...]:
     """Have the modules of COMPILED whose build matches their source load compiled; the names of
     those that will. Only for drover.planner itself (another copy, say another git revision's
     in bench/planner_versus.py, runs as Python), and not under DROVER_PLANNER_PURE."""
-    if package != PACKAGE or os.environ.get(PURE_ENV):
+    if package != PACKAGE or os.environ.get(PURE_ENV, "0") != "0":
         return ()
     where = ext_dir() if where is None else where
     try:
@@ -78,7 +91,7 @@ def load_compiled(package: str, source_dir: Path, where: Path | None = None) -> 
     for name in COMPILED:
         library = where / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
         if manifest.get(name) == manifest_entry(source_dir, name) and library.is_file():
-            libraries[f"{package}.{name}"] = library
+            libraries[f"{package}.{name}"] = (library, source_dir / f"{name}.py")
     for finder in [f for f in sys.meta_path if isinstance(f, _Finder)]:
         sys.meta_path.remove(finder)
     if libraries:

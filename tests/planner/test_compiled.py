@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from drover.planner import COMPILED_MODULES
-from drover.planner.compiled import COMPILED, PURE_ENV, ext_dir, load_compiled, manifest_entry
+from drover.planner.compiled import COMPILED, PURE_ENV, UNAVAILABLE, ext_dir, load_compiled, manifest_entry
 
 from support import ROOT
 
@@ -50,17 +50,46 @@ def plans(pure: bool) -> dict:
     return json.loads(run.stdout)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("Cython") is None or shutil.which("cc") is None,
-    reason="no Cython or no C compiler here: the planner runs as Python",
-)
 def test_compiled_planner_plans_as_the_python_source():
-    # With both, `make test` has just built every module: one that did not compile, or a build
-    # older than its source, fails here rather than leaving the planner slower unnoticed.
-    assert COMPILED_MODULES == COMPILED, "run scripts/build_planner_ext.py (make planner-ext) and see its error"
+    unavailable = ext_dir() / UNAVAILABLE
+    if unavailable.is_file():  # the build found no Cython, compiler or headers here
+        pytest.skip(f"planner not compiled here: {json.loads(unavailable.read_text())['reason']}")
+    # Otherwise `make test` has just built every module: a build older than its source, or none
+    # at all (pytest run without make), fails here rather than leaving the planner slower unnoticed.
+    assert COMPILED_MODULES == COMPILED, "run scripts/build_planner_ext.py (make planner-ext)"
     compiled, pure = plans(pure=False), plans(pure=True)
     assert compiled["compiled"] == list(COMPILED) and pure["compiled"] == []
     assert compiled["plans"] == pure["plans"]
+
+
+# As the logs print one (logging formats exc_info with the traceback module); then uncaught.
+TRACEBACK = """
+import traceback
+import drover.planner.search as s
+try:
+    s.make_plan(None, None)
+except AttributeError:
+    traceback.print_exc()
+s.make_plan(None, None)
+"""
+
+
+def test_a_traceback_through_compiled_code_shows_the_source_lines_from_anywhere(tmp_path):
+    if COMPILED_MODULES != COMPILED:
+        pytest.skip("planner not compiled here")
+    (tmp_path / "planner").mkdir()  # another checkout's planner/ where the traceback is read
+    (tmp_path / "planner" / "search.py").write_text("# another file\n" * 600)
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    run = subprocess.run(
+        [sys.executable, "-c", TRACEBACK],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "drover.planner.search.search" in run.stderr and "if not cluster.usable:" in run.stderr
+    assert "another file" not in run.stderr
 
 
 def built_for(where: Path, names: tuple[str, ...], edited: str | None = None) -> None:
@@ -93,6 +122,8 @@ def test_no_build_another_copy_or_pure_loads_nothing_compiled(tmp_path, monkeypa
     assert load_compiled("planner_HEAD", SOURCES, tmp_path) == ()  # bench/planner_versus's other revision
     monkeypatch.setenv(PURE_ENV, "1")
     assert load_compiled("drover.planner", SOURCES, tmp_path) == ()
+    monkeypatch.setenv(PURE_ENV, "0")
+    assert load_compiled("drover.planner", SOURCES, tmp_path) == COMPILED
     (tmp_path / "manifest.json").write_text("{not json")
     monkeypatch.delenv(PURE_ENV)
     assert load_compiled("drover.planner", SOURCES, tmp_path) == ()
@@ -101,3 +132,35 @@ def test_no_build_another_copy_or_pure_loads_nothing_compiled(tmp_path, monkeypa
 def test_the_build_lives_in_the_environment_not_the_source_tree():
     assert ext_dir() == Path(sys.prefix) / "drover-planner-ext"
     assert not list(SOURCES.glob("*.so"))  # a build beside the source would shadow an edit
+
+
+def build_script(monkeypatch, tmp_path, modules: tuple[str, ...]):
+    """scripts/build_planner_ext.py building `modules` of a copy of planner/ into tmp_path/ext."""
+    spec = importlib.util.spec_from_file_location("build_planner_ext", ROOT / "scripts" / "build_planner_ext.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shutil.copytree(SOURCES, tmp_path / "planner")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "COMPILED", modules)
+    monkeypatch.setattr(script, "ext_dir", lambda: tmp_path / "ext")
+    return script
+
+
+def test_without_a_compiler_the_build_says_why_and_the_planner_runs_as_python(tmp_path, monkeypatch, capsys):
+    script = build_script(monkeypatch, tmp_path, ("assignment",))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert script.main() == 0
+    assert json.loads((tmp_path / "ext" / UNAVAILABLE).read_text()) == {"reason": "no C compiler (no-such-compiler)"}
+    assert "runs as pure Python" in capsys.readouterr().err
+    assert load_compiled("drover.planner", SOURCES, tmp_path / "ext") == ()
+
+
+@pytest.mark.skipif((ext_dir() / UNAVAILABLE).is_file(), reason="no Cython, compiler or headers here")
+def test_a_module_cython_refuses_fails_the_build_and_says_what_to_do(tmp_path, monkeypatch, capsys):
+    script = build_script(monkeypatch, tmp_path, ("assignment",))
+    source = tmp_path / "planner" / "assignment.py"
+    starred = "\n\ndef starred(a, b):\n    return max([a, *b])\n"  # Python takes it, Cython does not
+    source.write_text(source.read_text() + starred)
+    assert script.main() == 1
+    assert "Keep assignment within the Python Cython compiles" in capsys.readouterr().err
+    assert not (tmp_path / "ext").exists()
