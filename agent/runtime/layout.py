@@ -174,7 +174,8 @@ def surviving_holdings(
 
 def one_node_parts(plan: Plan, layers: int) -> list[Part]:
     """Parts every copy of which is on one node (a device's node is its id's prefix): lost with
-    that node, they come back only from a checkpoint."""
+    that node, they come back only from a checkpoint. A copy is one stage's, and a stage's TP
+    group lies on one node (cost.validate's rule tp-group-across-nodes)."""
     ranks = {device: i for i, device in enumerate(plan.devices)}
     node_of = {i: device.split("/")[0] for device, i in ranks.items()}
     return [part for part, held in holdings(plan, ranks, layers).items() if len({node_of[r] for r in held}) == 1]

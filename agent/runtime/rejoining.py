@@ -89,7 +89,7 @@ class Rejoining:
 
     def _rejoin(self, world: World, lost_at: float) -> dict:
         """Agree on the step, take the new plan's parts, and return the recovery's record."""
-        old_plan, old_ranks = self.plan, self.ranks
+        old_ranks = self.ranks
         self.rank, self.ranks, self.world = world.ranks[self.device_id], world.ranks, world.size
         # The step commit protocol: agree on the newest committed step, roll forward if behind.
         newest = torch.tensor([self.committed], dtype=torch.int64, device=self.torch_device)
@@ -110,7 +110,9 @@ class Rejoining:
         for module in self.parts.values():
             for p in module.parameters():
                 p.grad = None
-        before = layout.surviving_holdings(old_plan, old_ranks, world.ranks, self.spec.layers)
+        # What is held now: the plan before an uncommitted switch, where it went back to above
+        # (the holdings of the plan switched to named parts nobody held: KeyError in the moves).
+        before = layout.surviving_holdings(self.plan, old_ranks, world.ranks, self.spec.layers)
         lost = layout.lost_parts(before)
         self.received[world.plan_version] = world.plan
         if not lost:

@@ -74,7 +74,7 @@ class Switching:
             self._origin,
             self.torch_device,
             self.training.seed,
-            fault=(_die_with_node if self.die_at_switch == "node" else _die) if self.die_at_switch else None,
+            fault=self._fault() if not self.die_after_switch else None,
         )
         self.parts, self.state = migrated.parts, migrated.state
         # Everyone alive and here before groups are made: new_group waits on the rendezvous store,
@@ -88,16 +88,31 @@ class Switching:
             for part, module in self.parts.items():
                 if isinstance(part, int):
                     join_group(module, self.tp_pg, self.tp_clock)
-        if self.plan is not None and self.training.checkpoint and not self.checkpoint_due:
-            # A switch that leaves a part on one node, where each part had copies on two nodes or
-            # more, is followed by a checkpoint: else losing that node before the next periodic one
-            # would end a job that survived it under the plan before (a straggler's replan, say).
-            alone = layout.one_node_parts(new_plan, self.spec.layers)
-            if alone and not layout.one_node_parts(self.plan, self.spec.layers):
-                self.checkpoint_due = True
-                log.info("plan v%d keeps %d parts on one node only: a checkpoint after this step", version, len(alone))
+        # A part left on one node, where each part had copies on two nodes or more, comes back
+        # only from a checkpoint if that node is lost (after a straggler's replan, say, that
+        # ended a job its first plan let survive): one now, of the step about to run, before
+        # anything runs on that one node alone. (Parts filled from a checkpoint have one.)
+        exposes = (
+            self.plan is not None
+            and self.training.checkpoint is not None
+            and fill_from is None
+            and layout.one_node_parts(new_plan, self.spec.layers)
+            and not layout.one_node_parts(self.plan, self.spec.layers)
+        )
         self.plan, self.version = new_plan, version
-        return summarize(step, version, migrated, started, self.torch_device)
+        record = summarize(step, version, migrated, started, self.torch_device)
+        if self.die_after_switch and self.die_at_switch and before is not None:  # a switch, not the start
+            self._fault()()
+        if exposes and self.checkpointed_at != step:
+            log.info("plan v%d keeps parts on one node only: a checkpoint at step %d", version, step)
+            self._checkpoint(step)
+        return record
+
+    def _fault(self):
+        """Emulation (die-DEVICE.json): how this worker dies at its next switch, if it is to."""
+        if not self.die_at_switch:
+            return None
+        return _die_with_node if self.die_at_switch == "node" else _die
 
     def _origin(self, part: layout.Part) -> torch.nn.Module:
         """A part under the first plan: empty for a checkpoint to fill, from the Hugging Face

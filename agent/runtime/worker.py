@@ -81,11 +81,12 @@ class Worker(Rejoining, Switching):
         self.previous: tuple | None = None  # what was held before a switch in the uncommitted step
         # Emulation: SIGKILL this worker ("worker") or its node ("node") in the middle of its next switch.
         self.die_at_switch: str | bool = False
+        self.die_after_switch = False  # ... or once the switch is done, before the step runs
         self.joining = args.joining is not None  # started to join a running job's bigger world
         if args.joining:
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
-        self.checkpoint_due = False  # a switch left a part on one node: a checkpoint after this step
+        self.checkpointed_at: int | None = None  # the steps done at the newest checkpoint saved
         self.watch = WorldWatch(Path(args.inbox) if args.inbox and torch_device.type == "cpu" else None)
         self.outputs: dict[str, object] = {}
         self.curves = Curves(args.out_dir, self.training.tensorboard)  # rank 0's TensorBoard files
@@ -182,10 +183,8 @@ class Worker(Rejoining, Switching):
         if evaluation and (done % evaluation.every_steps == 0 or done == steps):
             self._evaluate(done, self._output("eval.jsonl") if self.rank == 0 else None)
         checkpoint = self.training.checkpoint
-        periodic = checkpoint and checkpoint.every_steps and done % checkpoint.every_steps == 0
-        if checkpoint and (periodic or done == steps or self.checkpoint_due):
+        if checkpoint and ((checkpoint.every_steps and done % checkpoint.every_steps == 0) or done == steps):
             self._checkpoint(done)
-            self.checkpoint_due = False
 
     def _evaluate(self, done: int, out) -> None:
         """Validation loss after `done` steps: the first eval.samples windows of the val split,
@@ -219,6 +218,7 @@ class Worker(Rejoining, Switching):
             self.curves.evaluation(done, loss.item())
 
     def _checkpoint(self, done: int) -> None:
+        self.checkpointed_at = done
         meta = {"model": model_meta(self.spec), "training": self.training.to_dict(), "plan": self.plan.to_dict()}
         save_checkpoint(
             self.inputs.checkpoints,
@@ -242,7 +242,9 @@ class Worker(Rejoining, Switching):
                 self.received[version] = plan_from_dict(json.loads(path.read_text()), str(path))
         die = inbox / f"die-{self.device_id.replace('/', '_')}.json"
         if die.exists() and not self.die_at_switch:
-            self.die_at_switch = json.loads(die.read_text() or "{}").get("scope", "worker")
+            wanted = json.loads(die.read_text() or "{}")
+            self.die_at_switch = wanted.get("scope", "worker")
+            self.die_after_switch = wanted.get("when", "during") == "after"
         slow = inbox / f"slow-{self.device_id.replace('/', '_')}.json"
         if slow.exists():
             wanted = json.loads(slow.read_text())

@@ -103,14 +103,14 @@ def test_a_killed_job_resumes_under_another_plan_and_worker_count_exactly(spec, 
     assert stitched == pytest.approx(losses(reference), rel=1e-5)
 
 
-def test_a_switch_that_leaves_parts_on_one_node_is_followed_by_a_checkpoint(spec, tmp_path):
-    training = replace(TRAINING, checkpoint=Checkpointing("ckpt", every_steps=100, keep=10))
+def test_a_switch_that_leaves_parts_on_one_node_is_checkpointed_at_once(spec, tmp_path):
+    training = replace(TRAINING, checkpoint=Checkpointing("ckpt", every_steps=4, keep=10))
     plans = [(0, PER_NODE), (2, ACROSS), (4, PER_NODE), (5, ACROSS), (6, ACROSS)]
     train_workers(spec, 4, plans, tmp_path / "run", training, data_root=tmp_path, paced=TWO_NODES)
     saved = [int(path.name.split("-")[1]) for path in complete_checkpoints(tmp_path / "ckpt")]
-    # After the first step under ACROSS each time it follows PER_NODE; ACROSS again, or PER_NODE,
-    # asks for none; and the last step's.
-    assert saved == [3, 6, STEPS]
+    # At each switch to ACROSS from PER_NODE, before its first step (2 and 5); ACROSS again, or
+    # PER_NODE, asks for none; and the periodic ones (4, 8).
+    assert saved == [2, 4, 5, STEPS]
     assert [t["step"] for t in trace(tmp_path / "run")] == list(range(STEPS))
 
 

@@ -144,6 +144,28 @@ def test_a_worker_lost_in_the_middle_of_a_live_switch_is_recovered_from_replicas
     assert record["recovered_from"] == "replicas" and record["step"] == 3
 
 
+def test_a_worker_lost_after_a_switch_before_its_step_commits_is_recovered_from_the_plan_before(
+    spec, reference, tmp_path
+):
+    """DP2-PP2 switching to UNEVEN at step 3, and local/3 killed once every worker is done
+    switching, before step 3 runs: nobody commits step 3, so the survivors go back to DP2-PP2's
+    parts and must recover from what DP2-PP2 placed, not from what UNEVEN would have."""
+    inbox, out = tmp_path / "inbox", tmp_path / "run"
+    inbox.mkdir()
+    out.mkdir()
+    (inbox / "die-local_3.json").write_text(json.dumps({"when": "after"}))
+    procs = start(spec, DP2_PP2, TRAINING, out, inbox, slow_device=1, switches=[(3, UNEVEN)])
+    procs[3].join(60)
+    assert procs[3].exitcode == -signal.SIGKILL
+    assert [row["step"] for row in trace(out)] == [0, 1, 2]
+    new_world(inbox, [0, 1, 2], SURVIVORS_012)
+    join_all(procs, [0, 1, 2])
+    assert_reference_model(out, reference)
+    switched, recovered = records(out)  # the switch was done (rank 0 wrote it), then undone
+    assert "recovered_from" not in switched and switched["step"] == 3
+    assert recovered["recovered_from"] == "replicas" and recovered["step"] == 3
+
+
 def test_a_device_joining_a_running_job_receives_its_parts_and_the_world_grows(spec, reference, tmp_path):
     """Three workers on SURVIVORS_012; after step 3 a fourth starts, joining world 1 (four
     devices, DP2-PP2): the three move to it at a step boundary, the newcomer receives its
