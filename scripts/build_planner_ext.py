@@ -93,8 +93,8 @@ def build(out: Path) -> None:
             for name in COMPILED
         ]
         with contextlib.chdir(scratch):
-            modules = cythonize(
-                extensions, build_dir=scratch, nthreads=2, quiet=True, language_level=3, compiler_directives=DIRECTIVES
+            modules = cythonize(  # the C beside "drover-planner" (in c/), not through it into planner/
+                extensions, build_dir="c", nthreads=2, quiet=True, language_level=3, compiler_directives=DIRECTIVES
             )
             dist = Distribution({"ext_modules": modules})
             command = dist.get_command_obj("build_ext")

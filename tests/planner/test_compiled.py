@@ -132,6 +132,7 @@ def test_no_build_another_copy_or_pure_loads_nothing_compiled(tmp_path, monkeypa
 def test_the_build_lives_in_the_environment_not_the_source_tree():
     assert ext_dir() == Path(sys.prefix) / "drover-planner-ext"
     assert not list(SOURCES.glob("*.so"))  # a build beside the source would shadow an edit
+    assert not list(SOURCES.glob("*.c"))  # nor is Cython's C written there (it once was, via a link)
 
 
 def build_script(monkeypatch, tmp_path, modules: tuple[str, ...]):
