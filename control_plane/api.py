@@ -96,22 +96,28 @@ SERVER_LIMITS = [
 ]
 
 
-# A refused caller is logged once per REFUSALS_LOGGED_EVERY_S per peer and method: an operator
-# sees a leaked token or a misconfigured agent, and a hostile peer cannot flood the log.
+# A refused or paced caller is logged once per REFUSALS_LOGGED_EVERY_S per peer and method: an
+# operator sees a leaked token or a misconfigured agent, and a hostile peer cannot flood the log.
 REFUSALS_LOGGED_EVERY_S = 60.0
-_refusals_logged: dict[tuple[str, str], float] = {}
+_logged_at: dict[tuple[str, str], float] = {}
+
+
+def _log_due(peer: str, what: str) -> bool:
+    """Whether (peer, what) was not logged within REFUSALS_LOGGED_EVERY_S; if so, it is now."""
+    now = time.monotonic()
+    if now - _logged_at.get((peer, what), -math.inf) < REFUSALS_LOGGED_EVERY_S:
+        return False
+    if len(_logged_at) >= 4096:  # bounded: those logged over a minute ago are forgotten
+        for key in [k for k, at in _logged_at.items() if now - at >= REFUSALS_LOGGED_EVERY_S]:
+            del _logged_at[key]
+    _logged_at[peer, what] = now
+    return True
 
 
 def _log_refusal(exc: Exception, context, method: str) -> None:
     peer = _peer_host(context.peer())
-    now = time.monotonic()
-    if now - _refusals_logged.get((peer, method), -math.inf) < REFUSALS_LOGGED_EVERY_S:
-        return
-    if len(_refusals_logged) >= 4096:  # bounded: those logged over a minute ago are forgotten
-        for key in [k for k, at in _refusals_logged.items() if now - at >= REFUSALS_LOGGED_EVERY_S]:
-            del _refusals_logged[key]
-    _refusals_logged[peer, method] = now
-    log.warning("refused %s from %s: %s", method, peer, str(exc)[:200])
+    if _log_due(peer, method):
+        log.warning("refused %s from %s: %s", method, peer, str(exc)[:200])
 
 
 async def _abort_for(exc: Exception, context, method: str) -> None:
@@ -217,7 +223,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.opening: dict[str, int] = {}  # caller -> its streams not yet past the hello
         self.streams = 0
         self.pacer = Pacer(*AGENT_MESSAGES)  # per node, across its streams
-        self.paced_logged: dict[str, float] = {}  # node -> when its pacing was last logged
 
     def _authorise(self, name: str, context) -> None:
         pass  # Connect checks the node certificate against the hello it carries
@@ -297,9 +302,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def _paced(self, node: str) -> None:
         """Wait until the node's next message may be handled (limits.AGENT_MESSAGES)."""
         while (wait := self.pacer.wait_s(node)) > 0:
-            now = time.monotonic()
-            if now - self.paced_logged.get(node, -math.inf) >= REFUSALS_LOGGED_EVERY_S:
-                self.paced_logged[node] = now
+            if _log_due(node, "paced"):
                 burst, per_s = self.pacer.burst, self.pacer.per_s
                 log.warning(
                     "agent %s sends more than %g messages a second (after a burst of %g): its stream is read "

@@ -99,7 +99,7 @@ async def test_roles_decide_what_a_client_may_do(served, certs):
 
 
 async def test_refused_callers_are_logged_once_a_minute_per_peer_and_method(served, certs, caplog, monkeypatch):
-    monkeypatch.setattr(api, "_refusals_logged", {})
+    monkeypatch.setattr(api, "_logged_at", {})
     reader = client(served, certs, token_of(certs, "reader"))
     for _ in range(3):
         submit = reader.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB)))
