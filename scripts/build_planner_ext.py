@@ -61,11 +61,11 @@ def missing_toolchain() -> str | None:
 
 
 def build_settings() -> str:
-    """What a build depends on besides the sources: Cython's version, the ABI and this script."""
+    """What a build depends on besides the sources and the ABI (each module's manifest_entry):
+    Cython's version and this script."""
     import Cython
 
-    settings = json.dumps([Cython.__version__, sysconfig.get_config_var("EXT_SUFFIX")]).encode()
-    return hashlib.sha256(settings + Path(__file__).read_bytes()).hexdigest()
+    return hashlib.sha256(Cython.__version__.encode() + Path(__file__).read_bytes()).hexdigest()
 
 
 def up_to_date(out: Path) -> bool:
