@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import layout
-from .tensor_parallel import shard, split_dim
+from .tensor_parallel import shard, split_dim, wait_unwatched
 
 
 def sync_gradients(
@@ -29,7 +29,7 @@ def sync_gradients(
     parts: dict[layout.Part, torch.nn.Module],
     role: layout.Role,
     device: torch.device,
-    wait=lambda work, group: work.wait(),
+    wait=wait_unwatched,
 ) -> None:
     """Sum each part's gradient over the pipelines that hold it; sync_groups pairs each of
     this worker's sync groups with its process group. `wait(work, group)` waits for each

@@ -31,7 +31,7 @@ from . import layout
 from .model import DecoderConfig
 from .optim import AdamW
 from .parts import assemble, empty_part, pack, unpack
-from .tensor_parallel import shard_block
+from .tensor_parallel import shard_block, wait_unwatched
 
 SWITCH_TAG = 1 << 20  # above every activation tag (2 * micro-batch + 1), so the two never mix
 
@@ -59,16 +59,17 @@ def migrate(
     device: torch.device,
     seed: int,
     fault: Callable[[], None] | None = None,
+    wait=wait_unwatched,
 ) -> Migrated:
     """Exchange the shards that change owner and build this worker's parts for `role`
     (None: no role in the new plan, so it holds nothing). `before` is what every worker holds
     now (layout.holdings of the old plan, or what survives of it after a loss; None under the
-    first plan). Every worker calls this."""
+    first plan). `wait(work, group)` waits for each send and receive. Every worker calls this."""
     if before is None:
         received, out, old_shards = {}, Migrated({}, {}), {}
     else:
         moves = layout.transfers_between(before, layout.holdings(new_plan, ranks, cfg.layers), cfg.layers)
-        received, moved_bytes, moved_blocks = _exchange(moves, rank, parts, state, cfg, device, fault)
+        received, moved_bytes, moved_blocks = _exchange(moves, rank, parts, state, cfg, device, fault, wait)
         out = Migrated({}, {}, moved_bytes, moved_blocks)
         old_shards = before
     for part in role.parts if role else []:
@@ -88,7 +89,7 @@ def migrate(
 
 
 def _exchange(
-    moves: list, rank: int, parts: dict, state: dict, cfg: DecoderConfig, device: torch.device, fault=None
+    moves: list, rank: int, parts: dict, state: dict, cfg: DecoderConfig, device: torch.device, fault, wait
 ) -> tuple[dict, int, int]:
     """Send and receive this worker's moves. Returns part -> {(t, r): (params, state)} of the
     shards it is to build its parts from (its own included where it re-slices one it keeps),
@@ -112,24 +113,26 @@ def _exchange(
         elif move.dst == rank:
             template = empty_part(cfg, move.part, move.t, move.r, device)
             buf = torch.empty(sum(3 * p.numel() for p in template.parameters()), device=device)
-            dist.recv(buf, move.src, tag=SWITCH_TAG + index)
+            wait(dist.irecv(buf, move.src, tag=SWITCH_TAG + index))
             received[move.part][(move.t, move.r)] = unpack(template, buf)
             moved_bytes += buf.numel() * buf.element_size()
             moved_blocks += isinstance(move.part, int)
     for handle, _ in outgoing:
-        handle.wait()
+        wait(handle)
     return received, moved_bytes, moved_blocks
 
 
-def summarize(step: int, version: int, migrated: Migrated, started: float, device: torch.device) -> dict:
+def summarize(
+    step: int, version: int, migrated: Migrated, started: float, device: torch.device, wait=wait_unwatched
+) -> dict:
     """The job-wide line of migrations.jsonl: bytes and blocks moved over all workers, and the
     slowest worker's seconds since `started`. Every worker calls this."""
     totals = torch.tensor(
         [float(migrated.bytes_received), float(migrated.blocks_received)], dtype=torch.float64, device=device
     )
-    dist.all_reduce(totals)
+    wait(dist.all_reduce(totals, async_op=True))
     seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    wait(dist.all_reduce(seconds, op=dist.ReduceOp.MAX, async_op=True))
     return {
         "step": step,
         "plan_version": version,

@@ -32,6 +32,7 @@ import datetime
 import json
 import logging
 import os
+import queue
 import re
 import socket
 import threading
@@ -54,6 +55,7 @@ _PEER_LOST = re.compile(
 # Every collective, in the world's group and in the groups made from it (new_group would take
 # torch's 30 minutes): past it a peer that never answers counts as lost.
 COLLECTIVE_TIMEOUT_S = 300
+WAIT_POLL_S = 0.05  # how late WorldWatch.wait may notice its world is over
 WORLD_FILE = re.compile(r"world-(\d+)\.json")
 ABANDONED: list = []  # (collective, group) left behind by WorldWatch.wait: never destroyed
 
@@ -198,6 +200,24 @@ def world_ending(inbox: Path, generation: int, devices: frozenset[str]) -> tuple
     return None
 
 
+def _waiter() -> queue.SimpleQueue:
+    """A thread that waits for each work put to it, in turn, and says when it is done (and how
+    it failed): WorldWatch.wait's."""
+    works: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        while True:
+            work, done, failed = works.get()
+            try:
+                work.wait()
+            except Exception as exc:  # noqa: BLE001 - raised in the worker's thread instead
+                failed.append(exc)
+            done.set()
+
+    threading.Thread(target=run, name="work-waiter", daemon=True).start()
+    return works
+
+
 class WorldWatch:
     """Frees a worker stuck in a world that has lost a member. While the worker is in a world
     (enter), a thread polls the inbox; once it names a later world without some member of this
@@ -216,6 +236,7 @@ class WorldWatch:
         self.ended = threading.Event()  # the world entered last is over (set by a firing)
         self.watching = inbox is not None
         if inbox is not None:
+            self._waiter = _waiter()
             threading.Thread(target=self._run, args=(inbox, poll_s), name="world-watch", daemon=True).start()
 
     def enter(self, generation: int, devices) -> None:
@@ -224,24 +245,27 @@ class WorldWatch:
             self.ended.clear()
 
     def wait(self, work, group=None) -> None:
-        """Wait for a collective `work` (async_op) of the world entered, unless that world is
-        found over first: then raise a lost peer, leaving the collective behind. Shutting the
-        world's sockets (the firing) frees a collective waiting on them, but not one gloo left
-        waiting on a send to a dead peer: that one ended only at COLLECTIVE_TIMEOUT_S (seen as
-        an intermittent 5-minute stall after a node kill). An abandoned collective and its group
-        are kept for the process's life: destroying a group whose collective is pending blocks
-        until that ends."""
+        """Wait for a collective or point-to-point `work` (async_op) of the world entered, unless
+        that world is found over first: then raise a lost peer, leaving the work behind. Shutting
+        the world's sockets (the firing) frees what waits on reading them, but not a send gloo
+        left pending to a dead peer: that one ended only at COLLECTIVE_TIMEOUT_S (seen as an
+        intermittent 5-minute stall after a node kill). The waiting is a thread's (gloo completes
+        a send or receive only inside its wait, so polling cannot tell when it is done), which a
+        given-up work keeps; the next wait gets a new one. An abandoned work and its group are
+        kept for the process's life: destroying a group whose work is pending blocks until that
+        ends."""
         if not self.watching:
             work.wait()
             return
-        pause = 0.0001
-        while not work.is_completed():
+        done, failed = threading.Event(), []
+        self._waiter.put((work, done, failed))
+        while not done.wait(WAIT_POLL_S):
             if self.ended.is_set():
                 ABANDONED.append((work, group))
+                self._waiter = _waiter()
                 raise RuntimeError("Connection closed by peer: the world ended while a collective waited (world watch)")
-            time.sleep(pause)
-            pause = min(2 * pause, 0.001)  # at most a millisecond late
-        work.wait()  # its error, if it failed
+        if failed:
+            raise failed[0]
 
     def leave(self) -> None:
         with self._lock:

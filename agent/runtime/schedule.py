@@ -77,7 +77,9 @@ def run_stage(
     `source.batch(step, first_sample, count)` gives the tokens.
 
     `slow` is an emulated straggler (rate, from step); `tp_clock` times the
-    stage's TP all-reduces, so a slow partner's time is not counted as ours;
+    stage's TP all-reduces, so a slow partner's time is not counted as ours,
+    and its `wait` waits for each of them and for each send and receive (a
+    worker's WorldWatch.wait: given up once its world has lost a member);
     tp_group: the stage's TP process group (None when t = 1).
     pace: a paced device's FLOP/s (tflops x mfu of the GPU it emulates; 0: not
     paced). Each piece of work then takes its FLOPs / (pace / rate), the real
@@ -135,10 +137,10 @@ def run_stage(
         numel = shape[0] * shape[1] * shape[2]
         piece = torch.empty(-(-numel // g), device=device)
         t0 = time.perf_counter()
-        dist.recv(piece, src, group=pair(src), tag=tag)
+        tp_clock.wait(dist.irecv(piece, src, group=pair(src), tag=tag), pair(src))
         if g > 1:
             gathered = [torch.empty_like(piece) for _ in range(t)]
-            dist.all_gather(gathered, piece, group=tp_group)
+            tp_clock.wait(dist.all_gather(gathered, piece, group=tp_group, async_op=True), tp_group)
             # all_gather orders by rank within the group (ascending global rank); member j of the
             # stage holds piece j mod g, so piece i is the one from the member at position i.
             in_group = sorted(role.group)
@@ -162,7 +164,7 @@ def run_stage(
         piece = piece.contiguous()
         for j, dst in enumerate(group):
             if j % g == role.tp_rank:
-                sends.append((dist.isend(piece, dst, group=pair(dst), tag=tag), piece))
+                sends.append((dist.isend(piece, dst, group=pair(dst), tag=tag), pair(dst), piece))
                 stats.bytes_sent[dst] += piece.numel() * piece.element_size()
 
     shape = (b, spec.seq_len, spec.hidden)
@@ -208,8 +210,8 @@ def run_stage(
             backward(i)
         for i in range(m - warmup, m):
             backward(i)
-    for handle, _ in sends:
-        handle.wait()
+    for handle, group, _ in sends:  # the piece kept alive until sent
+        tp_clock.wait(handle, group)
     # Work in block units: the embedding and head count by their FLOP against a block's, so a
     # stage holding the head with one block does not look slow for it.
     stats.blocks = (role.blocks[1] - role.blocks[0]) + role.last * spec.head_flops / spec.block_flops

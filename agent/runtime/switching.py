@@ -75,11 +75,12 @@ class Switching:
             self.torch_device,
             self.training.seed,
             fault=self._fault() if not self.die_after_switch else None,
+            wait=self.watch.wait,
         )
         self.parts, self.state = migrated.parts, migrated.state
         # Everyone alive and here before groups are made: new_group waits on the rendezvous store,
         # where a lost peer is only noticed at the timeout, while a collective notices at once.
-        dist.barrier()
+        self.watch.wait(dist.barrier(async_op=True))
         self._build_groups(new_plan)
         if fill_from is not None:
             args = (self.rank, new_plan, self.ranks, self.parts, self.state, self.tp_pg, self.torch_device)
@@ -100,7 +101,7 @@ class Switching:
             and not layout.one_node_parts(self.plan, self.spec.layers)
         )
         self.plan, self.version = new_plan, version
-        record = summarize(step, version, migrated, started, self.torch_device)
+        record = summarize(step, version, migrated, started, self.torch_device, self.watch.wait)
         if self.die_after_switch and self.die_at_switch and before is not None:  # a switch, not the start
             self._fault()()
         if exposes and self.checkpointed_at != step:

@@ -43,17 +43,25 @@ def unshard(shards: list[torch.Tensor], dim: int | None) -> torch.Tensor:
     return torch.cat(shards, dim=dim)
 
 
+def wait_unwatched(work, group=None) -> None:
+    """Wait for a collective or point-to-point `work` as gloo does: until it ends or fails, or
+    its timeout. A worker with an agent waits with its WorldWatch.wait instead, which gives up
+    once its world has lost a member."""
+    work.wait()
+
+
 class WaitClock:
     """Seconds spent in tensor-parallel all-reduces, so a worker can report
     its own compute apart from waiting for a slow partner in its group. One
-    per worker, handed to its blocks by join_group."""
+    per worker, handed to its blocks by join_group; `wait(work, group)` waits
+    for each all-reduce (see wait_unwatched)."""
 
-    def __init__(self):
-        self.seconds = 0.0
+    def __init__(self, wait=wait_unwatched):
+        self.seconds, self.wait = 0.0, wait
 
     def all_reduce(self, tensor, group) -> None:
         start = time.perf_counter()
-        dist.all_reduce(tensor, group=group)
+        self.wait(dist.all_reduce(tensor, group=group, async_op=True), group)
         self.seconds += time.perf_counter() - start
 
 

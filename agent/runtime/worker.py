@@ -65,7 +65,10 @@ class Worker(Rejoining, Switching):
         self.bf16 = self.training.precision == "bf16"
         if self.bf16 and torch_device.type != "cuda":
             raise SpecError(self.spec.name, "precision", "bf16", "fp32 on CPU devices (bf16 runs on CUDA)")
-        self.tp_clock = WaitClock()  # time in this worker's TP all-reduces
+        # Every collective and message waited for through the watch: one waiting on a peer that
+        # is gone ends once the control plane names the world without it, not at the timeout.
+        self.watch = WorldWatch(Path(args.inbox) if args.inbox and torch_device.type == "cpu" else None)
+        self.tp_clock = WaitClock(self.watch.wait)  # time in this worker's TP all-reduces
         self.network = network_layout()  # an emulated network's nodes and networks; {}: none
         self.p2p_pgs: dict = {}  # (rank, rank) -> the group neighbouring stages send on (emulated networks)
         self.slow = args.slow
@@ -87,7 +90,6 @@ class Worker(Rejoining, Switching):
             self.generation, self.joined_version, self.plan, self.ranks = args.joining
         self.filling = False  # parts are being filled from a checkpoint
         self.checkpointed_at: int | None = None  # the steps done at the newest checkpoint saved
-        self.watch = WorldWatch(Path(args.inbox) if args.inbox and torch_device.type == "cpu" else None)
         self.outputs: dict[str, object] = {}
         self.curves = Curves(args.out_dir, self.training.tensorboard)  # rank 0's TensorBoard files
         warm_up(self.cfg)  # pay for meta-device modules now, not inside a switch

@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -394,6 +395,52 @@ def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_w
     assert seconds < 30, f"rank 1 waited {seconds:.0f} s"
 
 
+def _send_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=90))
+    watch = WorldWatch(Path(inbox), poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    result.put(("sending", 0.0))
+    began = time.perf_counter()
+    try:
+        work = dist.isend(torch.ones(64 << 20), 0)  # 256 MB: more than the socket's buffers hold
+        watch.wait(work)
+        result.put(("completed", time.perf_counter() - began))
+    except RuntimeError as exc:
+        result.put((str(exc)[:200], time.perf_counter() - began))
+
+
+def test_a_send_to_a_peer_that_never_takes_it_is_given_up_once_the_next_world_is_named(tmp_path):
+    """Rank 1 sends rank 0 more than the connection holds, and rank 0, alive and connected,
+    never receives it. Once the inbox names world 1 without local/0, rank 1's send ends as a
+    lost peer in seconds, not at the 90 s timeout. (Gloo completes a send only inside its
+    wait: a watch polling it for completion would wait for good even on a live peer.)"""
+    ctx = worker_context()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    done, result = ctx.Event(), ctx.Queue()
+    silent = ctx.Process(target=_stay_in_the_world_without_a_word, args=(init, done))
+    sending = ctx.Process(target=_send_in_a_world_the_inbox_ends, args=(init, str(tmp_path), result))
+    silent.start()
+    sending.start()
+    try:
+        assert result.get(timeout=60)[0] == "sending"
+        time.sleep(1.0)
+        assert result.empty()
+        new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
+        outcome, seconds = result.get(timeout=120)
+    finally:
+        done.set()
+        for proc in (silent, sending):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert peer_lost(RuntimeError(outcome)), outcome
+    assert seconds < 30, f"rank 1 waited {seconds:.0f} s"
+
+
 def test_a_world_watch_fires_once_for_a_world_that_leaves_a_member_out_and_never_for_growth(tmp_path, monkeypatch):
     """The watch of world 0 (local/0, local/1): world 1 growing onto local/2 ends nothing; world
     2 without local/0 ends it, once; a worker that has left the world is not watched."""
@@ -427,11 +474,8 @@ def test_a_world_watch_fires_once_for_a_world_that_leaves_a_member_out_and_never
 class _NeverEnds:
     """A collective gloo never ends (a send pending to a dead peer: seen in a kill run)."""
 
-    def is_completed(self) -> bool:
-        return False
-
     def wait(self):
-        raise AssertionError("waited for good")
+        threading.Event().wait()  # for good, in the watch's waiting thread
 
 
 def test_a_collective_left_pending_is_given_up_once_the_world_is_found_over(tmp_path):
@@ -446,3 +490,86 @@ def test_a_collective_left_pending_is_given_up_once_the_world_is_found_over(tmp_
     assert recovery.ABANDONED[-1] == (pending, group)  # kept: destroying its group would block
     watch.enter(1, ["local/1"])  # the next world: collectives are waited for again
     assert not watch.ended.is_set()
+
+
+class _NothingCompletes:
+    """torch.distributed as a dead peer leaves it: sends, receives and collectives are posted,
+    and none ever completes."""
+
+    class ReduceOp:
+        MAX = MIN = SUM = None
+
+    def __init__(self, rank: int):
+        self.rank, self.posted = rank, []
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def _post(self, *args, **kwargs) -> _NeverEnds:
+        self.posted.append(_NeverEnds())
+        return self.posted[-1]
+
+    isend = irecv = all_gather = all_reduce = barrier = _post
+
+
+class _Tokens:
+    def __init__(self, seq_len: int):
+        self.seq_len = seq_len
+
+    def batch(self, step: int, first: int, count: int):
+        tokens = torch.zeros(count, self.seq_len, dtype=torch.long)
+        return tokens, tokens
+
+
+@pytest.mark.parametrize(
+    "stage, forward_only, waits_on",
+    [(1, False, "an activation"), (0, True, "its sends"), (0, False, "a gradient")],
+)
+def test_a_stage_waiting_on_a_peer_that_is_gone_gives_up_once_its_world_is_over(
+    spec, tmp_path, monkeypatch, stage, forward_only, waits_on
+):
+    """Every message of a stage is waited for through the worker's watch: a send pending to a
+    dead peer (which gloo ends only at its 5-minute timeout, as a kill run once showed) or a
+    receive from it is given up once the inbox names a world without that peer."""
+    from drover.agent.runtime import layout, schedule
+    from drover.agent.runtime.model import build_part, config_of
+    from drover.agent.runtime.tensor_parallel import WaitClock
+
+    fake = _NothingCompletes(stage)
+    monkeypatch.setattr(schedule, "dist", fake)
+    watch = WorldWatch(tmp_path, poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    plan = local_plan((8, [([0], (0, 2)), ([1], (2, 4))]))
+    role = layout.roles(plan, {"local/0": 0, "local/1": 1})[stage]
+    parts = {part: build_part(config_of(spec), part, SEED) for part in role.parts}
+    new_world(tmp_path, [1 - stage], plan)
+    began = time.perf_counter()
+    with pytest.raises(RuntimeError) as info:
+        schedule.run_stage(
+            role,
+            parts,
+            spec,
+            _Tokens(spec.seq_len),
+            0,
+            torch.device("cpu"),
+            WaitClock(watch.wait),
+            None,
+            forward_only=forward_only,
+        )
+    assert peer_lost(info.value), waits_on
+    assert time.perf_counter() - began < 10 and fake.posted, waits_on
+
+
+def test_a_tensor_parallel_all_reduce_waiting_on_a_partner_that_is_gone_gives_up_once_its_world_is_over(
+    tmp_path, monkeypatch
+):
+    from drover.agent.runtime import tensor_parallel
+
+    monkeypatch.setattr(tensor_parallel, "dist", _NothingCompletes(0))
+    watch = WorldWatch(tmp_path, poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
+    clock = tensor_parallel.WaitClock(watch.wait)
+    with pytest.raises(RuntimeError) as info:
+        clock.all_reduce(torch.ones(4), group=object())
+    assert peer_lost(info.value) and clock.seconds == 0.0
