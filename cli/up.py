@@ -252,7 +252,13 @@ def up(
                 click.echo(
                     f"cancelled {stale.id}, left {job_state_name(stale.state)} by an earlier run that was killed"
                 )
-        submitted = cluster.submit(Path(job_file), str(out.relative_to(root)), resume, reader)
+        # An earlier run's job wrote OUT, whose files went above: forgotten, or the control plane
+        # refuses a job whose output would replace an ended job's on record.
+        relative = str(out.relative_to(root))
+        for earlier in cluster.client.list():
+            if earlier.out_dir == relative and job_state_name(earlier.state) not in ("running", "pending"):
+                cluster.client.delete(earlier.id)
+        submitted = cluster.submit(Path(job_file), relative, resume, reader)
         # Ended with the run, however it ends (Ctrl-C, an error): a job left running in OUT's
         # database would hold OUT against the next run's job.
         stack.callback(_cancel_unless_ended, cluster.client, submitted.id)

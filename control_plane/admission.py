@@ -73,10 +73,15 @@ class Admission:
     async def _check_folders_free(self, spec: JobSpec, out: str) -> None:
         """No folder the job writes (its out dir, its checkpoints) is, holds or lies in one a
         running or pending job writes: the two would overwrite each other's files and prune
-        each other's checkpoints."""
+        each other's checkpoints. Nor is its out dir, holds or lies in the out dir of an ended
+        job still on record: its trace, telemetry and model would be replaced. (A checkpoint
+        folder an ended job wrote may be written again: a job resumed from it goes on there.)"""
         active = [(job.id, "running", job.spec, job.out_dir) for job in self.jobs.values()]
-        rows = await self.store.query(lambda s: [r for r in queries.jobs(s) if r.state == "pending"])
+        rows = await self.store.query(lambda s: [r for r in queries.jobs(s) if r.state in ("pending", *TERMINAL)])
+        ended = [(row.id, row.state, PurePosixPath(row.out_dir)) for row in rows if row.state in TERMINAL]
         for row in rows:
+            if row.state != "pending":
+                continue
             try:
                 active.append((row.id, "pending", job_from_stored(row.model_yaml, row.id), row.out_dir))
             except SpecError:
@@ -84,11 +89,19 @@ class Admission:
         for field, mine in _written(spec, out):
             for job_id, state, other_spec, other_out in active:
                 for _, theirs in _written(other_spec, other_out):
-                    if mine == theirs or mine in theirs.parents or theirs in mine.parents:
+                    if _overlap(mine, theirs):
                         raise FailedPrecondition(
                             f"{field} = {quote(str(mine))}: job {job_id} ({state}) writes to {quote(str(theirs))}; "
                             "two jobs in one folder overwrite each other's files"
                         )
+        mine = PurePosixPath(out)
+        for job_id, state, theirs in ended:
+            if _overlap(mine, theirs):
+                raise FailedPrecondition(
+                    f"out_dir = {quote(str(mine))}: job {job_id} ({state}) wrote its output to {quote(str(theirs))}, "
+                    "where this job's output would replace or mix with its files; give another out_dir, or forget "
+                    f"job {job_id} first (drover job delete {job_id})"
+                )
 
     async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:
         """The nodes and devices a job gets now, as (name, devices, nics); or None and why not.
@@ -333,6 +346,11 @@ class Admission:
         if job is not None and node not in job.nodes:
             raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
         return job
+
+
+def _overlap(a: PurePosixPath, b: PurePosixPath) -> bool:
+    """Whether one folder is, holds or lies in the other."""
+    return a == b or a in b.parents or b in a.parents
 
 
 def _written(spec: JobSpec, out: str) -> list[tuple[str, PurePosixPath]]:

@@ -161,7 +161,16 @@ async def test_two_jobs_never_write_to_one_folder(plane, first, second, field):
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info.value.details().startswith(f"{field} = ") and running.id in info.value.details()
     await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=running.id))
-    assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED  # free once the other ended
+    if field == "out_dir":  # an ended job's output stays its own while the job is on record
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await submit(second)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"job {running.id} (cancelled) wrote its output to" in info.value.details()
+        assert f"(drover job delete {running.id})" in info.value.details()
+        await plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=running.id))
+    # Free once the other ended (a checkpoint folder: a job resumed from it goes on there) or
+    # was forgotten.
+    assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED
 
 
 async def test_a_pending_job_cancelled_while_it_is_being_placed_never_runs(plane, monkeypatch):

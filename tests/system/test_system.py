@@ -210,6 +210,21 @@ def test_drover_up_emulates_a_paced_cluster_file(tmp_path):
     assert_equals_reference(out, TINY_JOB, tmp_path)
 
 
+def test_drover_up_run_again_in_its_folder_replaces_the_earlier_run(tmp_path):
+    """A second drover up in the same --out replaces the first run's output and record: the
+    control plane refuses a job whose output would replace an ended job's on record, so the
+    run forgets the earlier run's job (whose files it deletes) first."""
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: tiny\nmodel: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 2\nseed: 0\n")
+    out = tmp_path / "out"
+    first = drover_up(job, out).stdout.split(":")[0]
+    second = drover_up(job, out).stdout.split(":")[0]
+    with sqlite3.connect(out / "drover.db") as db:
+        jobs = db.execute("SELECT id, state FROM jobs").fetchall()
+    assert first != second and jobs == [(second, "completed")], jobs
+    assert [json.loads(line)["step"] for line in (out / "trace.jsonl").read_text().splitlines()] == [0, 1]
+
+
 def nic_bytes(db: Path) -> dict[tuple[str, str], float]:
     """Bytes each node sent on each NIC while the job ran: its agents' NIC samples, integrated."""
     with sqlite3.connect(db) as connection:
