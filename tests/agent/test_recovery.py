@@ -352,50 +352,7 @@ def _stay_in_the_world_without_a_word(init: str, done) -> None:
     done.wait(90)
 
 
-def _wait_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=90))
-    WorldWatch(Path(inbox), poll_s=0.05).enter(0, ["local/0", "local/1"])
-    result.put(("in the all-reduce", 0.0))
-    began = time.perf_counter()
-    try:
-        dist.all_reduce(torch.ones(4))
-        result.put(("completed", time.perf_counter() - began))
-    except RuntimeError as exc:
-        result.put((str(exc)[:200], time.perf_counter() - began))
-
-
-def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_world_is_named(tmp_path):
-    """Rank 1 waits in an all-reduce on rank 0, which is alive and connected but never joins
-    it. Once the inbox names world 1 without local/0, rank 1's watch closes world 0's
-    connections: the all-reduce fails as a lost peer in seconds, not at the 90 s timeout."""
-    ctx = worker_context()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    done, result = ctx.Event(), ctx.Queue()
-    silent = ctx.Process(target=_stay_in_the_world_without_a_word, args=(init, done))
-    waiting = ctx.Process(target=_wait_in_a_world_the_inbox_ends, args=(init, str(tmp_path), result))
-    silent.start()
-    waiting.start()
-    try:
-        assert result.get(timeout=60)[0] == "in the all-reduce"
-        time.sleep(1.0)  # rank 1 blocked in it by now
-        assert result.empty()
-        new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
-        outcome, seconds = result.get(timeout=60)
-    finally:
-        done.set()
-        for proc in (silent, waiting):
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-    assert peer_lost(RuntimeError(outcome)), outcome
-    assert seconds < 30, f"rank 1 waited {seconds:.0f} s"
-
-
-def _send_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
+def _wait_in_a_world_the_inbox_ends(init: str, inbox: str, result, waits_in: str) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -403,37 +360,41 @@ def _send_in_a_world_the_inbox_ends(init: str, inbox: str, result) -> None:
     dist.init_process_group("gloo", init_method=init, rank=1, world_size=2, timeout=datetime.timedelta(seconds=90))
     watch = WorldWatch(Path(inbox), poll_s=0.05)
     watch.enter(0, ["local/0", "local/1"])
-    result.put(("sending", 0.0))
+    result.put((waits_in, 0.0))
     began = time.perf_counter()
     try:
-        work = dist.isend(torch.ones(64 << 20), 0)  # 256 MB: more than the socket's buffers hold
-        watch.wait(work)
+        if waits_in == "an all-reduce":
+            dist.all_reduce(torch.ones(4))  # freed by the watch's closing its connections
+        else:
+            watch.wait(dist.isend(torch.ones(64 << 20), 0))  # 256 MB: more than the socket's buffers hold
         result.put(("completed", time.perf_counter() - began))
     except RuntimeError as exc:
         result.put((str(exc)[:200], time.perf_counter() - began))
 
 
-def test_a_send_to_a_peer_that_never_takes_it_is_given_up_once_the_next_world_is_named(tmp_path):
-    """Rank 1 sends rank 0 more than the connection holds, and rank 0, alive and connected,
-    never receives it. Once the inbox names world 1 without local/0, rank 1's send ends as a
-    lost peer in seconds, not at the 90 s timeout. (Gloo completes a send only inside its
-    wait: a watch polling it for completion would wait for good even on a live peer.)"""
+@pytest.mark.parametrize("waits_in", ["an all-reduce", "a send"])
+def test_a_worker_blocked_in_a_world_that_lost_a_member_is_freed_once_the_next_world_is_named(tmp_path, waits_in):
+    """Rank 1 waits on rank 0, which is alive and connected but never joins its all-reduce or
+    takes what it sends. Once the inbox names world 1 without local/0, rank 1's watch ends
+    world 0: the wait fails as a lost peer in seconds, not at the 90 s timeout. (Gloo completes
+    a send only inside its wait: a watch polling it for completion waited for good even on a
+    live peer.)"""
     ctx = worker_context()
     init = f"tcp://127.0.0.1:{free_port()}"
     done, result = ctx.Event(), ctx.Queue()
     silent = ctx.Process(target=_stay_in_the_world_without_a_word, args=(init, done))
-    sending = ctx.Process(target=_send_in_a_world_the_inbox_ends, args=(init, str(tmp_path), result))
+    waiting = ctx.Process(target=_wait_in_a_world_the_inbox_ends, args=(init, str(tmp_path), result, waits_in))
     silent.start()
-    sending.start()
+    waiting.start()
     try:
-        assert result.get(timeout=60)[0] == "sending"
-        time.sleep(1.0)
+        assert result.get(timeout=60)[0] == waits_in
+        time.sleep(1.0)  # rank 1 blocked in it by now
         assert result.empty()
         new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))
-        outcome, seconds = result.get(timeout=120)
+        outcome, seconds = result.get(timeout=60)
     finally:
         done.set()
-        for proc in (silent, sending):
+        for proc in (silent, waiting):
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
