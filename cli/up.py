@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import click
 import grpc
@@ -253,12 +253,15 @@ def up(
                     f"cancelled {stale.id}, left {job_state_name(stale.state)} by an earlier run that was killed"
                 )
         # An earlier run's job wrote OUT, whose files went above: forgotten, or the control plane
-        # refuses a job whose output would replace an ended job's on record.
-        relative = str(out.relative_to(root))
-        for earlier in cluster.client.list():
-            if earlier.out_dir == relative and job_state_name(earlier.state) not in ("running", "pending"):
+        # refuses a job whose output would replace an ended job's on record. Only from OUT's own
+        # database: a --db may hold other runs' jobs (then a run in an ended job's folder is refused).
+        relative = PurePosixPath(out.relative_to(root))
+        for earlier in cluster.client.list() if database is None else ():
+            theirs = PurePosixPath(earlier.out_dir)
+            overlap = theirs == relative or theirs in relative.parents or relative in theirs.parents
+            if overlap and job_state_name(earlier.state) not in ("running", "pending"):
                 cluster.client.delete(earlier.id)
-        submitted = cluster.submit(Path(job_file), relative, resume, reader)
+        submitted = cluster.submit(Path(job_file), str(relative), resume, reader)
         # Ended with the run, however it ends (Ctrl-C, an error): a job left running in OUT's
         # database would hold OUT against the next run's job.
         stack.callback(_cancel_unless_ended, cluster.client, submitted.id)

@@ -77,15 +77,16 @@ class Admission:
         job still on record: its trace, telemetry and model would be replaced. (A checkpoint
         folder an ended job wrote may be written again: a job resumed from it goes on there.)"""
         active = [(job.id, "running", job.spec, job.out_dir) for job in self.jobs.values()]
-        rows = await self.store.query(lambda s: [r for r in queries.jobs(s) if r.state in ("pending", *TERMINAL)])
-        ended = [(row.id, row.state, PurePosixPath(row.out_dir)) for row in rows if row.state in TERMINAL]
-        for row in rows:
-            if row.state != "pending":
-                continue
-            try:
-                active.append((row.id, "pending", job_from_stored(row.model_yaml, row.id), row.out_dir))
-            except SpecError:
-                continue  # failed when its turn comes (_stored_spec)
+        ended = []
+        for row in await self.store.query(queries.jobs):
+            if row.state in TERMINAL:
+                ended.append((row.id, row.state, PurePosixPath(row.out_dir)))
+            elif row.id not in self.jobs:  # pending, or running while its end is being stored
+                try:
+                    spec = job_from_stored(row.model_yaml, row.id)
+                except SpecError:
+                    spec = None  # fails when its turn comes (_stored_spec); its out_dir counts till then
+                active.append((row.id, row.state, spec, row.out_dir))
         for field, mine in _written(spec, out):
             for job_id, state, other_spec, other_out in active:
                 for _, theirs in _written(other_spec, other_out):
@@ -99,8 +100,8 @@ class Admission:
             if _overlap(mine, theirs):
                 raise FailedPrecondition(
                     f"out_dir = {quote(str(mine))}: job {job_id} ({state}) wrote its output to {quote(str(theirs))}, "
-                    "where this job's output would replace or mix with its files; give another out_dir, or forget "
-                    f"job {job_id} first (drover job delete {job_id})"
+                    "where this job's output would replace or mix with its files; give another out_dir, or have "
+                    f"an admin forget job {job_id} first (drover job delete {job_id})"
                 )
 
     async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:
@@ -353,9 +354,9 @@ def _overlap(a: PurePosixPath, b: PurePosixPath) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def _written(spec: JobSpec, out: str) -> list[tuple[str, PurePosixPath]]:
+def _written(spec: JobSpec | None, out: str) -> list[tuple[str, PurePosixPath]]:
     """The folders a job writes, each with the field that names it, inside an agent's data root."""
     folders = [("out_dir", PurePosixPath(out))]
-    if spec.training.checkpoint is not None:
+    if spec is not None and spec.training.checkpoint is not None:
         folders.append(("checkpoint.dir", PurePosixPath(spec.training.checkpoint.dir)))
     return folders

@@ -49,7 +49,7 @@ from . import layout
 from .model import config_of, part_prefix
 from .optim import STATE_KEYS
 from .parts import empty_part, meta_part
-from .tensor_parallel import split_dim, unshard
+from .tensor_parallel import split_dim, unshard, wait_unwatched
 
 STEP_DIR = re.compile(r"step-(\d{8,})")
 META = "drover.json"
@@ -103,16 +103,28 @@ def _entries(parts: dict, state: dict, role: layout.Role | None, tp_pg, device: 
 
 
 def save_checkpoint(
-    root: Path, step: int, keep: int, rank: int, plan: Plan, ranks: dict[str, int], parts, state, tp_pg, meta, device
+    root: Path,
+    step: int,
+    keep: int,
+    rank: int,
+    plan: Plan,
+    ranks: dict[str, int],
+    parts,
+    state,
+    tp_pg,
+    meta,
+    device,
+    wait=wait_unwatched,
 ) -> Path:
-    """Checkpoint `step` (steps done) under root; every worker calls this."""
+    """Checkpoint `step` (steps done) under root; every worker calls this. `wait(work)` waits
+    for its barriers (a worker's WorldWatch.wait)."""
     final, partial = root / f"step-{step:08d}", root / f".step-{step:08d}.partial"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".step-*.partial"):  # a save that was killed
             shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
-    dist.barrier()
+    wait(dist.barrier(async_op=True))
     roles = layout.roles(plan, ranks)
     role = roles.get(rank)
     mine = {part for part, group in savers(plan, ranks).items() if rank in group}
@@ -130,7 +142,7 @@ def save_checkpoint(
         complete = sorted(complete_checkpoints(root))
         for old in complete[:-keep] if keep else []:
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    wait(dist.barrier(async_op=True))
     return final
 
 

@@ -202,17 +202,20 @@ def world_ending(inbox: Path, generation: int, devices: frozenset[str]) -> tuple
 
 def _waiter() -> queue.SimpleQueue:
     """A thread that waits for each work put to it, in turn, and says when it is done (and how
-    it failed): WorldWatch.wait's."""
+    it failed): WorldWatch.wait's. None ends it, once the work it waits for ends."""
     works: queue.SimpleQueue = queue.SimpleQueue()
 
     def run() -> None:
-        while True:
-            work, done, failed = works.get()
+        while (item := works.get()) is not None:
+            work, done, failed = item
             try:
                 work.wait()
             except Exception as exc:  # noqa: BLE001 - raised in the worker's thread instead
                 failed.append(exc)
             done.set()
+            # Nothing of it kept while waiting for the next: the worker's frames, which a raised
+            # error's traceback holds, would keep a lost world's groups and sockets alive.
+            del work, done, failed, item
 
     threading.Thread(target=run, name="work-waiter", daemon=True).start()
     return works
@@ -260,12 +263,13 @@ class WorldWatch:
         done, failed = threading.Event(), []
         self._waiter.put((work, done, failed))
         while not done.wait(WAIT_POLL_S):
-            if self.ended.is_set():
+            if self.ended.is_set() and not done.is_set():
                 ABANDONED.append((work, group))
+                self._waiter.put(None)  # its thread ends if the work ever does
                 self._waiter = _waiter()
                 raise RuntimeError("Connection closed by peer: the world ended while a collective waited (world watch)")
         if failed:
-            raise failed[0]
+            raise failed.pop()  # held nowhere else once raised (see _waiter)
 
     def leave(self) -> None:
         with self._lock:

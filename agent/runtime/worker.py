@@ -234,6 +234,7 @@ class Worker(Rejoining, Switching):
             self.tp_pg,
             meta,
             self.torch_device,
+            self.watch.wait,
         )
 
     def _read_inbox(self, inbox: Path) -> None:

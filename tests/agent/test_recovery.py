@@ -7,12 +7,14 @@ same step, when some part lost every copy."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
 import signal
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -534,3 +536,56 @@ def test_a_tensor_parallel_all_reduce_waiting_on_a_partner_that_is_gone_gives_up
     with pytest.raises(RuntimeError) as info:
         clock.all_reduce(torch.ones(4), group=object())
     assert peer_lost(info.value) and clock.seconds == 0.0
+
+
+def test_a_wait_that_failed_or_was_given_up_keeps_nothing_alive(tmp_path):
+    """A failed wait's error, raised in the worker, holds the worker's frames (a step's groups
+    and sockets): the watch's waiting thread must not keep it once raised, or the lost world's
+    groups outlive the worker's leaving it. A thread left waiting on a given-up work ends once
+    that work does."""
+
+    class Failing:
+        def wait(self):
+            raise RuntimeError("Connection closed by peer")
+
+    class Held:
+        pass
+
+    watch = WorldWatch(tmp_path, poll_s=0.05)
+    watch.enter(0, ["local/0", "local/1"])
+    held = []
+
+    def step():
+        frame_local = Held()
+        held.append(weakref.ref(frame_local))
+        watch.wait(Failing())
+
+    with pytest.raises(RuntimeError) as info:
+        step()
+    assert peer_lost(info.value)
+    del info
+    deadline = time.monotonic() + 5
+    while held[0]() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert held[0]() is None
+
+    released = threading.Event()
+
+    class Blocked:
+        def wait(self):
+            released.wait()
+
+    def waiters() -> int:
+        return sum(t.name == "work-waiter" and t.is_alive() for t in threading.enumerate())
+
+    before = waiters()
+    new_world(tmp_path, [1], local_plan((8, [([1], (0, 4))])))  # local/0 is gone
+    with pytest.raises(RuntimeError):
+        watch.wait(Blocked())
+    assert waiters() == before + 1  # the given-up work's, and the next wait's
+    released.set()
+    deadline = time.monotonic() + 5
+    while waiters() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert waiters() == before

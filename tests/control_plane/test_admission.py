@@ -173,6 +173,23 @@ async def test_two_jobs_never_write_to_one_folder(plane, first, second, field):
     assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED
 
 
+async def test_a_job_whose_end_is_being_stored_still_holds_its_folder(plane):
+    # Review: a job ending left the running jobs before its row said so, and the check read
+    # only pending and ended rows: another job could take its folder while its workers wrote.
+    plane.agent("node-0")
+    await plane.connected(1)
+    request = jobs_pb2.SubmitJobRequest(spec=job_spec(TINY_JOB), out_dir="runs/a")
+    running = await plane.jobs.SubmitJob(request)
+    ending = plane.cp.jobs.pop(running.id)  # as the end does, before it is stored
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await plane.jobs.SubmitJob(request)
+    finally:
+        plane.cp.jobs[running.id] = ending
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"job {running.id} (running) writes to 'runs/a'" in info.value.details()
+
+
 async def test_a_pending_job_cancelled_while_it_is_being_placed_never_runs(plane, monkeypatch):
     """Security review: a cancel landing while the queue's next job was planned answered
     'cancelled while pending', and the job then started and trained on, reported cancelled."""
