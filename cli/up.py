@@ -255,13 +255,11 @@ def up(
         # An earlier run's job wrote OUT, whose files went above: forgotten, or the control plane
         # refuses a job whose output would replace an ended job's on record. Only from OUT's own
         # database: a --db may hold other runs' jobs (then a run in an ended job's folder is refused).
-        relative = PurePosixPath(out.relative_to(root))
+        relative = str(PurePosixPath(out.relative_to(root)))
         for earlier in cluster.client.list() if database is None else ():
-            theirs = PurePosixPath(earlier.out_dir)
-            overlap = theirs == relative or theirs in relative.parents or relative in theirs.parents
-            if overlap and job_state_name(earlier.state) not in ("running", "pending"):
+            if earlier.out_dir == relative and job_state_name(earlier.state) not in ("running", "pending"):
                 cluster.client.delete(earlier.id)
-        submitted = cluster.submit(Path(job_file), str(relative), resume, reader)
+        submitted = cluster.submit(Path(job_file), relative, resume, reader)
         # Ended with the run, however it ends (Ctrl-C, an error): a job left running in OUT's
         # database would hold OUT against the next run's job.
         stack.callback(_cancel_unless_ended, cluster.client, submitted.id)

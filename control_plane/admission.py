@@ -73,9 +73,10 @@ class Admission:
     async def _check_folders_free(self, spec: JobSpec, out: str) -> None:
         """No folder the job writes (its out dir, its checkpoints) is, holds or lies in one a
         running or pending job writes: the two would overwrite each other's files and prune
-        each other's checkpoints. Nor is its out dir, holds or lies in the out dir of an ended
-        job still on record: its trace, telemetry and model would be replaced. (A checkpoint
-        folder an ended job wrote may be written again: a job resumed from it goes on there.)"""
+        each other's checkpoints. Nor is its out dir the out dir of an ended job still on record:
+        its trace, telemetry and model would be replaced. (One inside or around that folder
+        replaces none of them; a checkpoint folder an ended job wrote may be written again: a
+        job resumed from it goes on there.)"""
         active = [(job.id, "running", job.spec, job.out_dir) for job in self.jobs.values()]
         ended = []
         for row in await self.store.query(queries.jobs):
@@ -83,10 +84,10 @@ class Admission:
                 ended.append((row.id, row.state, PurePosixPath(row.out_dir)))
             elif row.id not in self.jobs:  # pending, or running while its end is being stored
                 try:
-                    spec = job_from_stored(row.model_yaml, row.id)
+                    stored = job_from_stored(row.model_yaml, row.id)
                 except SpecError:
-                    spec = None  # fails when its turn comes (_stored_spec); its out_dir counts till then
-                active.append((row.id, row.state, spec, row.out_dir))
+                    stored = None  # fails when its turn comes (_stored_spec); its out_dir counts till then
+                active.append((row.id, row.state, stored, row.out_dir))
         for field, mine in _written(spec, out):
             for job_id, state, other_spec, other_out in active:
                 for _, theirs in _written(other_spec, other_out):
@@ -95,13 +96,12 @@ class Admission:
                             f"{field} = {quote(str(mine))}: job {job_id} ({state}) writes to {quote(str(theirs))}; "
                             "two jobs in one folder overwrite each other's files"
                         )
-        mine = PurePosixPath(out)
         for job_id, state, theirs in ended:
-            if _overlap(mine, theirs):
+            if PurePosixPath(out) == theirs:
                 raise FailedPrecondition(
-                    f"out_dir = {quote(str(mine))}: job {job_id} ({state}) wrote its output to {quote(str(theirs))}, "
-                    "where this job's output would replace or mix with its files; give another out_dir, or have "
-                    f"an admin forget job {job_id} first (drover job delete {job_id})"
+                    f"out_dir = {quote(out)}: job {job_id} ({state}) wrote its output there, which this job's "
+                    f"would replace; give another out_dir, or have an admin forget job {job_id} first "
+                    f"(drover job delete {job_id})"
                 )
 
     async def _placement(self, spec: JobSpec) -> tuple[list | None, str]:

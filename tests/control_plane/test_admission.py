@@ -161,15 +161,15 @@ async def test_two_jobs_never_write_to_one_folder(plane, first, second, field):
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info.value.details().startswith(f"{field} = ") and running.id in info.value.details()
     await plane.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=running.id))
-    if field == "out_dir":  # an ended job's output stays its own while the job is on record
+    if first["out_dir"] == second["out_dir"]:  # an ended job's output is its own while it is on record
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await submit(second)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert f"job {running.id} (cancelled) wrote its output to" in info.value.details()
+        assert f"job {running.id} (cancelled) wrote its output there" in info.value.details()
         assert f"(drover job delete {running.id})" in info.value.details()
         await plane.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=running.id))
-    # Free once the other ended (a checkpoint folder: a job resumed from it goes on there) or
-    # was forgotten.
+    # Free once the other ended (a folder inside or around its output replaces none of its files;
+    # a checkpoint folder: a job resumed from it goes on there) or was forgotten.
     assert (await submit(second)).state != state_pb2.JOB_STATE_UNSPECIFIED
 
 
@@ -188,6 +188,24 @@ async def test_a_job_whose_end_is_being_stored_still_holds_its_folder(plane):
         plane.cp.jobs[running.id] = ending
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"job {running.id} (running) writes to 'runs/a'" in info.value.details()
+
+
+async def test_the_folders_checked_are_those_of_the_job_submitted_not_of_one_pending(plane):
+    # The check read the pending jobs' specs into the name of the submitted one's, and so
+    # checked the last pending job's checkpoint folder instead of its own.
+    plane.agent("node-0")
+    await plane.connected(1)
+
+    async def submit(text, out):
+        return await plane.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=job_spec(text), out_dir=out))
+
+    with_checkpoints = TINY_JOB + "checkpoint: {dir: ckpt}\n"
+    running = await submit(with_checkpoints, "a")  # every device
+    assert (await submit(TINY_JOB, "b")).state == state_pb2.JOB_STATE_PENDING
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await submit(with_checkpoints, "c")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith("checkpoint.dir = ") and running.id in info.value.details()
 
 
 async def test_a_pending_job_cancelled_while_it_is_being_placed_never_runs(plane, monkeypatch):
