@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import click
 import grpc
@@ -255,7 +255,7 @@ def up(
         # An earlier run's job wrote OUT, whose files went above: forgotten, or the control plane
         # refuses a job whose output would replace an ended job's on record. Only from OUT's own
         # database: a --db may hold other runs' jobs (then a run in an ended job's folder is refused).
-        relative = str(PurePosixPath(out.relative_to(root)))
+        relative = str(out.relative_to(root))
         for earlier in cluster.client.list() if database is None else ():
             if earlier.out_dir == relative and job_state_name(earlier.state) not in ("running", "pending"):
                 cluster.client.delete(earlier.id)

@@ -250,9 +250,10 @@ class WorldWatch:
     def wait(self, work, group=None) -> None:
         """Wait for a collective or point-to-point `work` (async_op) of the world entered, unless
         that world is found over first: then raise a lost peer, leaving the work behind. Shutting
-        the world's sockets (the firing) frees what waits on reading them, but not a send gloo
-        left pending to a dead peer: that one ended only at COLLECTIVE_TIMEOUT_S (seen as an
-        intermittent 5-minute stall after a node kill). The waiting is a thread's (gloo completes
+        the world's sockets (the firing) frees what waits on them (a send to a silent peer too,
+        in a test), but a kill run once saw a wait end only at COLLECTIVE_TIMEOUT_S (an
+        intermittent 5-minute stall, not reproduced since): this frees the worker whatever gloo
+        does with its sockets. The waiting is a thread's (gloo completes
         a send or receive only inside its wait, so polling cannot tell when it is done), which a
         given-up work keeps; the next wait gets a new one. An abandoned work and its group are
         kept for the process's life: destroying a group whose work is pending blocks until that
