@@ -91,7 +91,7 @@ class Admission:
         for field, mine in _written(spec, out):
             for job_id, state, other_spec, other_out in active:
                 for _, theirs in _written(other_spec, other_out):
-                    if _overlap(mine, theirs):
+                    if mine == theirs or mine in theirs.parents or theirs in mine.parents:
                         raise FailedPrecondition(
                             f"{field} = {quote(str(mine))}: job {job_id} ({state}) writes to {quote(str(theirs))}; "
                             "two jobs in one folder overwrite each other's files"
@@ -347,11 +347,6 @@ class Admission:
         if job is not None and node not in job.nodes:
             raise PermissionDenied(f"job {job_id[:80]!r} has no workers on node {node}")
         return job
-
-
-def _overlap(a: PurePosixPath, b: PurePosixPath) -> bool:
-    """Whether one folder is, holds or lies in the other."""
-    return a == b or a in b.parents or b in a.parents
 
 
 def _written(spec: JobSpec | None, out: str) -> list[tuple[str, PurePosixPath]]:
