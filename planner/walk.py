@@ -133,7 +133,7 @@ def refine(candidate: Candidate, cluster: Cluster, model: ModelSpec, evals: int,
     return Candidate(
         [[g.devices for g in p.groups] for p in st.pipes],
         [sp.costs(p) for p in st.pipes],
-        st.micro.tolist(),
+        list(st.micro),
         sorted(removed),
         st.step,
     )

@@ -69,7 +69,7 @@ class Moves:
 
     def _m(self, st: State, p: int | None) -> int:
         if p is not None and p < len(st.micro):
-            return int(st.micro[p])
+            return st.micro[p]
         return max(1, self.sp.M // max(1, len(st.pipes)))
 
     def _rebuilt(self, st: State, groups: tuple[Group, ...], m: int) -> Pipe | None:

@@ -6,18 +6,15 @@ stages, plus the usable devices left out. Micro-batches are never part of the st
 every move they are assigned exactly (walk_state.assign), so "move a micro-batch between
 pipelines" is always at its optimum. `Space` holds what moves and scores need of a cluster and
 a model, computed once: interned groups, each pipeline's terms and memory cap, the exact block
-partition of a pipeline for a number of micro-batches, and the holders of each block
-(DataParallel) that the data-parallel sync is scored over.
+partition of a pipeline for a number of micro-batches, and the data-parallel sync's scorer
+(DataParallel).
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .cluster import Cluster
 from .cost import MEMORY_HEADROOM, StageCost, most_micro_batches, pipeline_terms, stage_memory_bytes
@@ -202,74 +199,79 @@ class Space:
 
 
 class DataParallel:
-    """T_dp of cost.dp_sync_s over a matrix of holders: row p, column j is the
-    (node, TP size) of the stage of pipeline p that holds block j; columns L and
-    L + 1 are the first and last stages (the embedding and the head)."""
+    """T_dp of cost.dp_sync_s over whole pipelines: blocks between two consecutive boundaries
+    of any pipeline have the same holders (one stage of each pipeline), so each such run of
+    blocks is scored once, at the bandwidth of its holders' slowest pair (the links depend only
+    on the two nodes' network profiles, as in cost.min_pair_bw) and the narrowest holder's TP."""
 
     def __init__(self, sp: Space):
         self.sp = sp
-        self.profile = np.array(sp.profile, dtype=np.int64)
-        self.intra = np.array(sp.intra, dtype=float)
-        P = len(sp.pbw)
-        # One network profile, one intra-node bandwidth, faster than any link between
-        # nodes: a block's bwr is the link between nodes whenever two holders differ.
-        self.simple = P == 1 and len(set(sp.intra)) == 1 and sp.pbw[0][0] <= sp.intra[0]
-        params = [2.0 * sp.model.block_params] * sp.L + [2.0 * sp.model.embedding_params, 2.0 * sp.model.head_params]
-        self.params = np.array(params)
-        self._rows: dict[Pipe, tuple] = {}
+        self.intra = sp.intra
+        self.profile = sp.profile
+        self.pbw = sp.pbw
+        model = sp.model
+        self.block, self.embedding, self.head = (
+            2.0 * model.block_params,
+            2.0 * model.embedding_params,
+            2.0 * model.head_params,
+        )
 
-    def row(self, pipe: Pipe) -> tuple[np.ndarray, np.ndarray]:
-        r = self._rows.get(pipe)
-        if r is None:
-            if len(self._rows) > 200_000:
-                self._rows.clear()
-            L, b = self.sp.L, pipe.bounds
-            nodes = np.empty(L + 2, dtype=np.int64)
-            ts = np.empty(L + 2, dtype=float)
-            for k, g in enumerate(pipe.groups):
-                nodes[b[k] : b[k + 1]] = g.node
-                ts[b[k] : b[k + 1]] = g.t
-            nodes[L], ts[L] = pipe.groups[0].node, pipe.groups[0].t
-            nodes[L + 1], ts[L + 1] = pipe.groups[-1].node, pipe.groups[-1].t
-            r = self._rows[pipe] = (nodes, ts)
-        return r
+    def slowest_pair(self, nodes: list[int]) -> float:
+        """The bandwidth of the slowest pair of holders on these nodes (two or more)."""
+        bw = math.inf
+        seen: set[int] = set()
+        for n in nodes:
+            if n in seen:
+                if self.intra[n] < bw:
+                    bw = self.intra[n]
+            else:
+                seen.add(n)
+        if len(seen) > 1:
+            count: dict[int, int] = {}
+            for n in seen:
+                a = self.profile[n]
+                count[a] = count.get(a, 0) + 1
+            pbw = self.pbw
+            present = list(count)
+            for i, a in enumerate(present):
+                if count[a] > 1 and pbw[a][a] < bw:
+                    bw = pbw[a][a]
+                for b in present[i + 1 :]:
+                    if pbw[a][b] < bw:
+                        bw = pbw[a][b]
+        return bw
 
-    def time_s(self, N: np.ndarray, T: np.ndarray, bounds) -> float:
-        D = N.shape[0]
+    def time_s(self, pipes: list[Pipe]) -> float:
+        D = len(pipes)
         if D <= 1:
             return 0.0
-        sp = self.sp
-        tmin = T.min(axis=0)
-        if self.simple:
-            bw = np.where(N.min(axis=0) != N.max(axis=0), sp.pbw[0][0], sp.intra[0])
-        else:
-            bw = np.full(N.shape[1], math.inf)
-            Ns = np.sort(N, axis=0)
-            same = Ns[1:] == Ns[:-1]
-            if same.any():
-                bw = np.minimum(bw, np.where(same, self.intra[Ns[1:]], math.inf).min(axis=0))
-            PR = self.profile[N]
-            present = []
-            for a in range(len(sp.pbw)):
-                mask = PR == a
-                here = mask.any(axis=0)
-                present.append(here)
-                if not here.any():
-                    continue
-                two = here & (np.where(mask, N, 1 << 40).min(axis=0) != np.where(mask, N, -1).max(axis=0))
-                bw = np.where(two, np.minimum(bw, sp.pbw[a][a]), bw)
-                for b in range(a):
-                    both = here & present[b]
-                    bw = np.where(both, np.minimum(bw, sp.pbw[a][b]), bw)
-        sync = self.params / (tmin * bw)
-        L = sp.L
-        prefix = [0.0] + list(itertools.accumulate(sync[:L].tolist()))
-        emb, head = float(sync[L]), float(sync[L + 1])
+        bounds = [p.bounds for p in pipes]
+        cuts = sorted(set().union(*bounds))
+        # at[x]: the sync of blocks 0..x-1, each at its run's bandwidth
+        at, paid, cursor = {0: 0.0}, 0.0, [0] * D
+        for j in range(len(cuts) - 1):
+            a = cuts[j]
+            nodes, tmin = [], math.inf
+            for i in range(D):
+                b, k = bounds[i], cursor[i]
+                while b[k + 1] <= a:
+                    k += 1
+                cursor[i] = k
+                g = pipes[i].groups[k]
+                nodes.append(g.node)
+                if g.t < tmin:
+                    tmin = g.t
+            paid += (cuts[j + 1] - a) * self.block / (tmin * self.slowest_pair(nodes))
+            at[cuts[j + 1]] = paid
+        firsts = [p.groups[0] for p in pipes]
+        lasts = [p.groups[-1] for p in pipes]
+        emb = self.embedding / (min([g.t for g in firsts]) * self.slowest_pair([g.node for g in firsts]))
+        head = self.head / (min([g.t for g in lasts]) * self.slowest_pair([g.node for g in lasts]))
         worst = 0.0
-        for b in bounds:
+        for b in set(bounds):
             S = len(b) - 1
             for k in range(S):
-                paid = prefix[b[k + 1]] - prefix[b[k]] + (emb if k == 0 else 0.0) + (head if k == S - 1 else 0.0)
-                if paid > worst:
-                    worst = paid
+                stage = at[b[k + 1]] - at[b[k]] + (emb if k == 0 else 0.0) + (head if k == S - 1 else 0.0)
+                if stage > worst:
+                    worst = stage
         return 2 * (D - 1) / D * worst
