@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from drover.metrics import MetricsError, split_address
 from drover.metrics import serve as serve_metrics
 from drover.metrics import stop as stop_metrics
+from drover.planner import COMPILED_MODULES
 from drover.planner.wire import STREAM_OPTIONS, is_loopback
 from drover.storage.db import Store, sqlite_url
 from drover.v1 import agent_pb2, jobs_pb2
@@ -149,6 +150,9 @@ async def start_server(
     security = "TLS" if tls_dir is not None else "INSECURE"
     where = store.engine.url.render_as_string(hide_password=True)  # logs are shipped and read by many
     log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, where)
+    # An image or install without the planner's build plans in about 1.4 times the time: say which.
+    planner = "compiled" if COMPILED_MODULES else "pure Python (scripts/build_planner_ext.py compiles it)"
+    log.info("planner: %s", planner)
     if metrics_http is not None:
         log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)
     return Served(server, cp, port, agent_port, metrics_port, metrics_http, agent_server)

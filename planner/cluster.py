@@ -118,6 +118,11 @@ class Cluster:
         """orchestration's answers for this cluster, per model: id(model) -> orchestration._Memo."""
         return {}
 
+    def forget_memos(self) -> None:
+        """Let the memos above go (they fill again when asked)."""
+        for name in ("pair_bw_memo", "hops_memo", "group_memo", "runs_memo", "partition_memo"):
+            self.__dict__.pop(name, None)
+
     @cached_property
     def nic_order(self) -> dict[str, int]:
         """NIC classes (Node.nic_class), fastest data-parallel network first."""

@@ -28,6 +28,7 @@ COMPILED = (
     "candidate",
     "cluster",
     "cost",
+    "grouping",
     "orchestration",
     "polish",
     "search",

@@ -492,6 +492,9 @@ def make_plan(cluster: Cluster, model: ModelSpec, strategy: str = "drover", budg
     if strategy == "drover":
         with collector_paused():
             candidate = search(cluster, model, None if budget_s is None else Deadline.after(budget_s))
+            # The search's memos let go before the collector runs again: its first pass went
+            # over them (10 ms at 64 GPUs, against 3.5 ms to free them).
+            cluster.forget_memos()
     else:
         candidate = STRATEGIES[strategy](cluster, model)
     if candidate is None:

@@ -1,6 +1,6 @@
 """Compile the planner's search to C extension modules with Cython, unchanged.
 
-    .venv/bin/python scripts/build_planner_ext.py
+    .venv/bin/python scripts/build_planner_ext.py [--source DIR]
 
 The modules the search spends its time in (planner/compiled.py, COMPILED) are
 compiled as they are written: no Cython types, so the Python source stays the
@@ -12,7 +12,9 @@ The extension modules go into <venv>/drover-planner-ext/ with a manifest of each
 source's SHA-256 and of this build's settings; drover.planner loads one only while
 its source is unchanged, so an edit never runs stale code (it runs as Python until
 this runs again). Up to date, this does nothing. The Makefile runs it before
-`make run`, `make test` and `make bench`.
+`make run`, `make test` and `make bench`. With --source, it compiles another copy of
+the planner's sources, such as an installed drover's (docker/Dockerfile compiles the image's
+own: the manifest names the sources drover.planner loads from).
 
 Without Cython, a C compiler or Python's headers it says so, records why
 (unavailable.json) and exits 0: the planner then runs as pure Python, only
@@ -35,8 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "planner"))
+if "--source" in sys.argv:
+    SOURCE = Path(sys.argv[sys.argv.index("--source") + 1]).resolve()
+else:
+    SOURCE = Path(__file__).resolve().parents[1] / "planner"
+sys.path.insert(0, str(SOURCE))
 
 from compiled import COMPILED, UNAVAILABLE, ext_dir, manifest_entry  # noqa: E402  (planner/compiled.py, no package)
 
@@ -75,7 +80,7 @@ def up_to_date(out: Path) -> bool:
         return False
     if manifest.get("build") != build_settings():
         return False
-    return all(manifest.get(name) == manifest_entry(ROOT / "planner", name) for name in COMPILED)
+    return all(manifest.get(name) == manifest_entry(SOURCE, name) for name in COMPILED)
 
 
 def build(out: Path) -> None:
@@ -87,7 +92,7 @@ def build(out: Path) -> None:
         # read elsewhere showed whatever file that path reached from there (another checkout's).
         # Named drover-planner/NAME.py, found nowhere, its lines come from the module's loader
         # (planner/compiled.py), which reads the source the build was made from.
-        (Path(scratch) / "drover-planner").symlink_to(ROOT / "planner")
+        (Path(scratch) / "drover-planner").symlink_to(SOURCE)
         extensions = [
             Extension(f"drover.planner.{name}", [f"drover-planner/{name}.py"], extra_compile_args=COMPILE_ARGS)
             for name in COMPILED
@@ -109,7 +114,7 @@ def build(out: Path) -> None:
         for name in COMPILED:
             (library,) = built.glob(f"{name}.*")
             shutil.copy2(library, staging / library.name)
-            manifest[name] = manifest_entry(ROOT / "planner", name)
+            manifest[name] = manifest_entry(SOURCE, name)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

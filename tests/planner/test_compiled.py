@@ -136,12 +136,13 @@ def test_the_build_lives_in_the_environment_not_the_source_tree():
 
 
 def build_script(monkeypatch, tmp_path, modules: tuple[str, ...]):
-    """scripts/build_planner_ext.py building `modules` of a copy of planner/ into tmp_path/ext."""
+    """scripts/build_planner_ext.py building `modules` of a copy of planner/ (as --source names) into
+    tmp_path/ext."""
     spec = importlib.util.spec_from_file_location("build_planner_ext", ROOT / "scripts" / "build_planner_ext.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     shutil.copytree(SOURCES, tmp_path / "planner")
-    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "SOURCE", tmp_path / "planner")
     monkeypatch.setattr(script, "COMPILED", modules)
     monkeypatch.setattr(script, "ext_dir", lambda: tmp_path / "ext")
     return script
