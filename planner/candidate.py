@@ -10,7 +10,7 @@ from .cluster import Cluster
 from .cost import StageCost, dp_sync_s, pipeline_terms, stage_sync_bws, with_prediction
 from .grouping import Group
 from .model import ModelSpec
-from .orchestration import Partition, network_crossings, partition_layers
+from .orchestration import Partition, network_crossings, network_runs, networks_in_one_order, partition_layers
 from .plan import Pipeline, Plan, Stage
 
 # Splitting a layout again by its stages' sync bandwidths moves its step by a few percent: a split
@@ -69,6 +69,7 @@ def best_partition(
     cluster: Cluster,
     every_crossing: bool = True,
     bound: float = math.inf,
+    realign: bool = True,
 ) -> Candidate | None:
     """The layout scored as partitioned, and split again at each common network crossing
     (network_crossings; the median one alone unless `every_crossing`): the fastest. Pipelines
@@ -86,15 +87,34 @@ def best_partition(
     best = min(fitting, key=lambda found: found.step_time_s) if fitting else None
     # On one network the holders of a stage index sync at about one bandwidth whatever blocks
     # they hold: splitting again there changed one plan of 120 generated scenarios, by 0.06%.
-    if best is None or len(cluster.nic_order) < 2 or len({len(row) for row in costs}) < 2:
+    if len(cluster.nic_order) < 2:
         return best
-    near = best.step_time_s * RESPLIT_BAND
-    for found, crossing, split in scored:
-        if found is None or found.step_time_s > near:
-            continue
-        again = partition_layers(pipelines, model, cluster, crossings=crossing, sync_bws=stage_sync_bws(split, cluster))
-        if again is not None and again != split:
-            other = score(devices, again, removed, model, cluster, bound=bound)
-            if other is not None and other.step_time_s < best.step_time_s:
-                best = other
+    if best is not None and len({len(row) for row in costs}) > 1:
+        near = best.step_time_s * RESPLIT_BAND
+        for found, crossing, split in scored:
+            if found is None or found.step_time_s > near:
+                continue
+            sync_bws = stage_sync_bws(split, cluster)
+            again = partition_layers(pipelines, model, cluster, crossings=crossing, sync_bws=sync_bws)
+            if again is not None and again != split:
+                other = score(devices, again, removed, model, cluster, bound=bound)
+                if other is not None and other.step_time_s < best.step_time_s:
+                    best = other
+    return _realigned(best, pipelines, removed, model, cluster, every_crossing, bound) if realign else best
+
+
+def _realigned(best, pipelines, removed, model, cluster, every_crossing, bound) -> Candidate | None:
+    """best, or the layout with its pipelines' stages grouped by network in one order for all
+    (networks_in_one_order) if that scores better, where they pass through the networks in
+    unlike orders."""
+    orders = {tuple([cls for cls, _ in network_runs(tuple([g.node for g in pipe]), cluster)]) for pipe in pipelines}
+    if len(orders) < 2:
+        return best
+    aligned = networks_in_one_order(pipelines, cluster)
+    costs = None if aligned is None else partition_layers(aligned, model, cluster)
+    if costs is None:
+        return best
+    other = best_partition(aligned, costs, removed, model, cluster, every_crossing, bound, realign=False)
+    if other is not None and (best is None or other.step_time_s < best.step_time_s):
+        return other
     return best

@@ -289,6 +289,21 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
     return sorted({at[0], at[len(at) // 2], at[-1]}) if every else [at[len(at) // 2]]
 
 
+def networks_in_one_order(pipelines: list[list[Group]], cluster: Cluster) -> list[list[Group]] | None:
+    """The pipelines with each one's stages grouped by network, the networks in one order for all
+    (by the mean place their stages have in their pipelines, then fastest first), each network's
+    stages in the order they had; None if that changes nothing. Pipelines that pass through the networks in unlike
+    orders share no crossing (network_crossings), so their blocks held on Ethernet in one and on
+    InfiniBand in another sync over TCP."""
+    places: dict[str, list[float]] = {}
+    for pipe in pipelines:
+        for i, g in enumerate(pipe):
+            places.setdefault(cluster.nodes[g.node].nic_class, []).append(i / max(1, len(pipe) - 1))
+    rank = {cls: (sum(at) / len(at), cluster.nic_order[cls]) for cls, at in places.items()}
+    out = [sorted(pipe, key=lambda g: rank[cluster.nodes[g.node].nic_class]) for pipe in pipelines]
+    return None if all([a == b for a, b in zip(out, pipelines)]) else out
+
+
 def pipeline_hops(nodes: tuple[int, ...], cluster: Cluster) -> tuple[float, ...]:
     """The link bandwidths between consecutive stages of a pipeline on these nodes."""
     hops = cluster.hops_memo.get(nodes)
