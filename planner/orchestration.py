@@ -292,9 +292,9 @@ def network_crossings(costs: list[list[StageCost]], cluster: Cluster, every: boo
 def networks_in_one_order(pipelines: list[list[Group]], cluster: Cluster) -> list[list[Group]] | None:
     """The pipelines with each one's stages grouped by network, the networks in one order for all
     (by the mean place their stages have in their pipelines, then fastest first), each network's
-    stages in the order they had; None if that changes nothing. Pipelines that pass through the networks in unlike
-    orders share no crossing (network_crossings), so their blocks held on Ethernet in one and on
-    InfiniBand in another sync over TCP."""
+    stages in the order they had; None if that changes nothing. Pipelines that pass through the
+    networks in unlike orders share no crossing (network_crossings), so their blocks held on
+    Ethernet in one and on InfiniBand in another sync over TCP."""
     places: dict[str, list[float]] = {}
     for pipe in pipelines:
         for i, g in enumerate(pipe):

@@ -107,9 +107,9 @@ class State:
             F.append(inf[0])
             E.append(inf[1])
             C.append(inf[2])
-        deleted = [i for i, new in change.replace.items() if new is None]
+        deleted = {i for i, new in change.replace.items() if new is None}
         if deleted:
-            keep = [i for i in range(len(F)) if i not in change.replace or change.replace[i] is not None]
+            keep = [i for i in range(len(F)) if i not in deleted]
             F, E, C = [F[i] for i in keep], [E[i] for i in keep], [C[i] for i in keep]
         D = len(F)
         if D == 0 or D > sp.M:
