@@ -3,8 +3,8 @@
 Round one tries every tensor-parallel size, a spread of pipeline depths and
 the arrangements columns, ranked and rows with stragglers grouped apart and none removed, once per
 set of nodes left out (weaker_nodes); a set more than SET_REACH behind the best after it is
-searched no further. Round two fills in the depths around the best few
-layouts of each set, each also with one odd pipeline
+searched no further, and one that would be even with its GPUs perfectly balanced is not
+searched. Round two fills in the depths around the best few layouts of each set, each also with one odd pipeline
 of another depth (orchestration.depths), and the depths next to the best layout of each other
 TP size. Round three takes the best
 layouts and tries removing GPUs past each straggling rate present, grouping
@@ -351,7 +351,13 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                     fastest[key[-1]] = (step, key)
 
     rates = cut_levels({d.rate for d in cluster.usable if d.rate > 1.0})
+    work = model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
     for out in weaker_nodes(cluster):
+        # A step takes at least the work over the speed of the GPUs left: a set of nodes left
+        # out that cannot come within SET_REACH of the best so far even so is not searched.
+        speed = sum([cluster.speed(d, model.mfu) for d in cluster.usable if d.node not in out])
+        if found and work > speed * min([f[0] for f in found]) * SET_REACH:
+            continue
         before = len(found)
         for t in tp_degrees(cluster, model):
             for S in stage_counts(model.layers, len(groups(t, "apart", math.inf, out)[0])):
