@@ -253,6 +253,23 @@ class Polisher:
                             tried.add((i, j, shape[q]))
                             yield Layout(_regroup(pipes, (p, i, b), (q, j, a)), layout.removed)
 
+    def relocations(self, layout: Layout) -> Iterator[Layout]:
+        """A straggler's group trades places with a healthy group of the same TP size and network
+        in another pipeline: where its blocks fit that pipeline's pace and network crossings."""
+        pipes, nodes = layout.pipelines, self.cluster.nodes
+        for p, pipe in enumerate(pipes):
+            for i, a in enumerate(pipe):
+                if a.rate > 1.0:
+                    for q, other in enumerate(pipes):
+                        for j, b in enumerate(other):
+                            if (
+                                q != p
+                                and b.rate == 1.0
+                                and b.t == a.t
+                                and nodes[b.node].nic_class == nodes[a.node].nic_class
+                            ):
+                                yield Layout(_regroup(pipes, (p, i, b), (q, j, a)), layout.removed)
+
     def _joins(self, layout: Layout) -> Iterator[Layout]:
         """Two pipelines as one twice as deep (either first): fewer replicas to sync."""
         pipes = layout.pipelines
@@ -521,3 +538,26 @@ def wider_starts(polisher: Polisher, peaks: list, widened: set, climbed: set) ->
         if near:
             return [e for _, _, e in sorted(near)]
     return []
+
+
+def relocate(candidate: Candidate, cluster: Cluster, model: ModelSpec, stages: int, deadline=None) -> Candidate:
+    """The plan after a climb by relocations alone (Polisher.relocations, the first that helps
+    taken), blocks re-split, within a budget of `stages` scored; the plan itself unless that is
+    faster. Local search's budget is spent before it reaches them at 64 GPUs and more: in
+    generated scenario 165 of seed 0, a straggler's group 1.68x slow held a block of the pipeline
+    of 13 stages, where the others held two, and one 1.5x slow two blocks of Ethernet stages whose
+    network crossing the other pipelines did not share; traded with healthy groups, the plan is
+    3% faster."""
+    polisher = Polisher(cluster, model, stages, deadline)
+    layout, best, improved = layout_of(candidate, polisher), candidate, False
+    climbing = True
+    while climbing and polisher.left > 0:
+        climbing = False
+        for edit in polisher.relocations(layout):
+            if polisher.left <= 0:
+                break
+            found = polisher.evaluate(edit, None, best.step_time_s)
+            if found is not None and found.step_time_s < best.step_time_s * (1 - 1e-9):
+                layout, best, improved, climbing = edit, found, True, True
+                break
+    return polisher.at_every_crossing(layout, best) if improved else best
