@@ -47,10 +47,14 @@ class Breakdown:
     ideal_samples_per_s: float
 
 
+def step_flop(model: ModelSpec) -> float:
+    """The FLOP of one step: M micro-batches, forward and backward (3x), L blocks and the LM head."""
+    return model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
+
+
 def ideal_samples_per_s(cluster: Cluster, model: ModelSpec) -> float:
     total_speed = sum(cluster.speed(d, model.mfu) for d in cluster.usable)
-    work = model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
-    return model.global_batch / (work / total_speed)
+    return model.global_batch / (step_flop(model) / total_speed)
 
 
 def stage_costs(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[list[StageCost]]:

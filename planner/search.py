@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from . import baselines
 from .candidate import Candidate, best_partition
 from .cluster import Cluster
+from .cost import step_flop
 from .errors import PlanError
 from .grouping import form_groups, tp_degrees
 from .model import ModelSpec
@@ -356,7 +357,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
                     fastest[key[-1]] = (step, key)
 
     rates = cut_levels({d.rate for d in cluster.usable if d.rate > 1.0})
-    work = model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
+    work = step_flop(model)
     for out in weaker_nodes(cluster):
         # A step takes at least the work over the speed of the GPUs left: a set of nodes left
         # out that cannot come within SET_REACH of the best so far even so is not searched.

@@ -10,7 +10,7 @@ import pytest
 from drover.planner import search
 from drover.planner.assignment import assign_micro_batches
 from drover.planner.cluster import cluster_from_dict
-from drover.planner.cost import evaluate, pipeline_terms, validate
+from drover.planner.cost import evaluate, pipeline_terms, step_flop, validate
 from drover.planner.errors import PlanError
 from drover.planner.grouping import form_groups
 from drover.planner.model import model_from_dict
@@ -263,9 +263,8 @@ def test_a_set_of_nodes_too_slow_even_perfectly_balanced_is_not_searched(monkeyp
     form = search.form_groups
     monkeypatch.setattr(search, "form_groups", lambda *a, **k: left_out.append(k["left_out"]) or form(*a, **k))
     plan = make_plan(cluster, model)
-    work = model.micro_batches * 3 * (model.layers * model.block_flops + model.head_flops)
     speed = sum(cluster.speed(d, model.mfu) for d in cluster.usable if d.node in (0, 2))
-    assert work / speed > plan.predicted.step_time_s * search.SET_REACH
+    assert step_flop(model) / speed > plan.predicted.step_time_s * search.SET_REACH
     assert frozenset() in left_out and frozenset({1, 3}) not in left_out
 
 
