@@ -362,7 +362,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
         # A step takes at least the work over the speed of the GPUs left: a set of nodes left
         # out that cannot come within SET_REACH of the best so far even so is not searched.
         speed = sum([cluster.speed(d, model.mfu) for d in cluster.usable if d.node not in out])
-        if found and work > speed * min([f[0] for f in found]) * SET_REACH:
+        if leaders and work > speed * leaders[0] * SET_REACH:
             continue
         before = len(found)
         for t in tp_degrees(cluster, model):
