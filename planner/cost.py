@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -153,52 +152,53 @@ def _min_pair_bw(distinct: set[int], twice: set[int], cluster: Cluster) -> float
     return best
 
 
-def block_holders(costs: list[list[StageCost]]) -> Iterator[tuple[int, int, list[int]]]:
-    """(a, b, the stage index holding blocks a..b-1 in each pipeline) for the runs of blocks
-    between consecutive boundaries of any pipeline: such blocks have the same holders."""
-    bounds = sorted({s.start for row in costs for s in row} | {costs[0][-1].end})
-    cursor = [0] * len(costs)
-    for a, b in zip(bounds, bounds[1:]):
-        for p, row in enumerate(costs):
-            while row[cursor[p]].end <= a:
-                cursor[p] += 1
-        yield a, b, cursor
-
-
 def sync_runs(costs: list[list[StageCost]], cluster: Cluster) -> tuple[list[int], list, list]:
-    """How the blocks of a split sync: (each pipeline's split class, per class a row split so
-    and per stage its holders' (sizes, nodes), and per run of blocks with the same holders (a,
-    b, each class's stage holding them, the bandwidth they sync at: the slowest pair of the
-    holders at the narrowest holder's TP)). Pipelines split at the same blocks pay alike, so
-    each class is walked once. A split of partition_layers keeps its answer: the re-split
-    reads it first and the score then."""
+    """How the blocks of a split sync: (each pipeline's split class, per class a row split so,
+    and per run of blocks with the same holders (a, b, each class's stage holding them, the
+    bandwidth they sync at: the slowest pair of the holders at the narrowest holder's TP)).
+    Pipelines split at the same blocks pay alike, so each class is walked once. A split of
+    partition_layers keeps its answer: the re-split reads it first and the score then."""
     walk = getattr(costs, "sync_walk", None)
     if walk is not None:
         return walk
     classes: dict[tuple[int, ...], int] = {}  # block ends -> class
-    class_of, rows = [], []
+    class_of, rows, holders = [], [], []  # holders: per class, per stage, [narrowest t, nodes]
     for row in costs:
-        c = classes.setdefault(tuple([s.end for s in row]), len(classes))
-        if c == len(rows):
-            rows.append((row, [([], []) for _ in row]))
+        ends = tuple([s.end for s in row])
+        c = classes.get(ends)
+        if c is None:
+            c = classes[ends] = len(rows)
+            rows.append(row)
+            holders.append([[s.t, [s.node]] for s in row])
+        else:
+            for held, s in zip(holders[c], row):
+                if s.t < held[0]:
+                    held[0] = s.t
+                held[1].append(s.node)
         class_of.append(c)
-        for (ts, nodes), s in zip(rows[c][1], row):
-            ts.append(s.t)
-            nodes.append(s.node)
     if len(rows) == 1:  # aligned: stage k holds the same blocks everywhere
-        row, stages = rows[0]
         runs = [
-            (s.start, s.end, (k,), min(ts) * min_pair_bw(nodes, cluster))
-            for k, (s, (ts, nodes)) in enumerate(zip(row, stages))
+            (s.start, s.end, (k,), t * min_pair_bw(nodes, cluster))
+            for k, (s, (t, nodes)) in enumerate(zip(rows[0], holders[0]))
         ]
-    else:
+    else:  # the runs between consecutive boundaries of any class have the same holders
+        holders = [[(t, tuple(nodes)) for t, nodes in stages] for stages in holders]
+        bounds = sorted({s.start for row in rows for s in row} | {rows[0][-1].end})
+        ends = [[s.end for s in row] for row in rows]
+        cursor = [0] * len(rows)
         runs = []
-        for a, b, holders in block_holders([row for row, _ in rows]):
-            ts, nodes = [], []
-            for (_, stages), k in zip(rows, holders):
-                ts += stages[k][0]
-                nodes += stages[k][1]
-            runs.append((a, b, tuple(holders), min(ts) * min_pair_bw(nodes, cluster)))
+        for a, b in zip(bounds, bounds[1:]):
+            narrowest, nodes = math.inf, ()
+            for c, class_ends in enumerate(ends):
+                k = cursor[c]
+                while class_ends[k] <= a:
+                    k += 1
+                cursor[c] = k
+                t, held = holders[c][k]
+                if t < narrowest:
+                    narrowest = t
+                nodes += held
+            runs.append((a, b, tuple(cursor), narrowest * min_pair_bw(nodes, cluster)))
     walk = (class_of, rows, runs)
     if hasattr(costs, "sync_walk"):
         costs.sync_walk = walk
@@ -209,7 +209,7 @@ def stage_sync_bws(costs: list[list[StageCost]], cluster: Cluster) -> list[tuple
     """Per pipeline, per stage: the bandwidth its blocks' gradients sync at, as dp_sync_s pays
     it (the slowest of its runs of blocks, sync_runs), put per GPU of the stage's own TP size."""
     class_of, rows, runs = sync_runs(costs, cluster)
-    slowest = [[math.inf] * len(row) for row, _ in rows]
+    slowest = [[math.inf] * len(row) for row in rows]
     for _, _, holders, bw in runs:
         for row_bw, k in zip(slowest, holders):
             if bw < row_bw[k]:
@@ -239,7 +239,7 @@ def dp_sync_s(costs: list[list[StageCost]], model: ModelSpec, cluster: Cluster) 
         return 0.0
     factor, emb, head = _ends_sync(costs, model, cluster)
     _, rows, runs = sync_runs(costs, cluster)
-    paid = [[0.0] * len(row) for row, _ in rows]
+    paid = [[0.0] * len(row) for row in rows]
     per_params = factor * 2 * model.block_params
     for a, b, holders, bw in runs:
         per_block = per_params / bw
