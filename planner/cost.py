@@ -37,6 +37,12 @@ class StageCost(NamedTuple):
         return self.end - self.start
 
 
+# StageCost(...) runs the Python __new__ that namedtuple generates; the search's inner loops make
+# their stages with this instead, the same tuple without that call: new_stage(StageCost, (node, t,
+# speed, memory, start, end)).
+new_stage = tuple.__new__
+
+
 @dataclass(frozen=True)
 class Breakdown:
     pipeline_times_s: list[float]

@@ -20,7 +20,7 @@ import math
 
 from .assignment import assign_micro_batches
 from .cluster import Cluster
-from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, dp_sync_floor, min_pair_bw, pipeline_terms
+from .cost import BYTES_PER_PARAM, MEMORY_HEADROOM, StageCost, dp_sync_floor, min_pair_bw, new_stage, pipeline_terms
 from .grouping import Group
 from .model import ModelSpec
 
@@ -159,7 +159,7 @@ def partition_layers(
             return None
         row, start = [], 0
         for g, n in zip(pipe, counts):
-            row.append(StageCost(g.node, g.t, g.speed, g.memory, start, start + n))
+            row.append(new_stage(StageCost, (g.node, g.t, g.speed, g.memory, start, start + n)))
             start += n
         if answer[1] is None:
             answer[1] = pipeline_terms(row, model, cluster)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .assignment import assign_micro_batches
 from .candidate import Candidate, best_partition, score
 from .cluster import Cluster
-from .cost import StageCost, fits_memory, most_micro_batches
+from .cost import StageCost, fits_memory, most_micro_batches, new_stage
 from .grouping import Group, group_of
 from .model import ModelSpec
 from .orchestration import partition_layers, step_floor
@@ -459,7 +459,7 @@ def _aligned(costs: list[list[StageCost]], model: ModelSpec) -> list[list[StageC
     for row in costs:
         ranges = bounds.setdefault(len(row), [(c.start, c.end) for c in row])
         changed |= ranges != [(c.start, c.end) for c in row]
-        out.append([StageCost(c.node, c.t, c.speed, c.memory, a, b) for c, (a, b) in zip(row, ranges)])
+        out.append([new_stage(StageCost, (c.node, c.t, c.speed, c.memory, a, b)) for c, (a, b) in zip(row, ranges)])
     return out if changed else None
 
 

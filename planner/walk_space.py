@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from .cluster import Cluster
-from .cost import MEMORY_HEADROOM, StageCost, most_micro_batches, pipeline_terms, stage_memory_bytes
+from .cost import MEMORY_HEADROOM, StageCost, most_micro_batches, new_stage, pipeline_terms, stage_memory_bytes
 from .model import ModelSpec
 from .orchestration import split_blocks, stage_terms
 
@@ -109,7 +109,8 @@ class Space:
 
     def costs(self, pipe: Pipe) -> list[StageCost]:
         b = pipe.bounds
-        return [StageCost(g.node, g.t, g.speed, g.memory, b[k], b[k + 1]) for k, g in enumerate(pipe.groups)]
+        groups = enumerate(pipe.groups)
+        return [new_stage(StageCost, (g.node, g.t, g.speed, g.memory, b[k], b[k + 1])) for k, g in groups]
 
     def info(self, pipe: Pipe):
         """(first, each, cap): T(m) = first + (m - 1) * each for m <= cap micro-batches
