@@ -97,17 +97,16 @@ def pipeline_terms(stages: list[StageCost], model: ModelSpec, cluster: Cluster) 
     last = len(stages) - 1
     # stage_compute_s inlined (the search's innermost loop), the same arithmetic in the same order
     flops, head, tp_bytes, link = model.block_flops, model.head_flops, model.activation_bytes, cluster.link_bw
-    taus = []
-    for k, st in enumerate(stages):
-        n, t = st.end - st.start, st.t
-        tau = 3 * (n * flops + (head if k == last else 0.0)) / (t * st.speed)
+    taus, sizes, nodes = [], [], []
+    for k, (node, t, speed, _, start, end) in enumerate(stages):
+        n = end - start
+        tau = 3 * (n * flops + (head if k == last else 0.0)) / (t * speed)
         if t > 1:
-            tau += n * 4 * (2 * (t - 1) / t) * tp_bytes / link(st.node, st.node)
+            tau += n * 4 * (2 * (t - 1) / t) * tp_bytes / link(node, node)
         taus.append(tau)
-    comms = [
-        2 * model.activation_bytes / (min(a.t, b.t) * cluster.link_bw(a.node, b.node))
-        for a, b in zip(stages, stages[1:])
-    ]
+        sizes.append(t)
+        nodes.append(node)
+    comms = [2 * tp_bytes / (min(sizes[k], sizes[k + 1]) * link(nodes[k], nodes[k + 1])) for k in range(last)]
     return sum(taus) + sum(comms), max(taus + comms)
 
 
