@@ -188,8 +188,8 @@ def sync_runs(costs: list[list[StageCost]], cluster: Cluster) -> tuple[list[int]
         ]
     else:  # the runs between consecutive boundaries of any class have the same holders
         holders = [[(t, tuple(nodes)) for t, nodes in stages] for stages in holders]
-        bounds = sorted({s.start for row in rows for s in row} | {rows[0][-1].end})
-        ends = [[s.end for s in row] for row in rows]
+        ends = list(classes)  # per class, its stages' ends
+        bounds = sorted({0}.union(*ends))  # every stage's start, and the last end
         cursor = [0] * len(rows)
         runs = []
         for a, b in zip(bounds, bounds[1:]):

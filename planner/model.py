@@ -62,7 +62,7 @@ class ModelSpec:
             return t == 1 or (rule6 and bool(sizes) and all(size % t == 0 for size in sizes))
         return rule6
 
-    @property
+    @cached_property  # read in the search's inner loops
     def micro_batches(self) -> int:  # M
         return self.global_batch // self.micro_batch
 
