@@ -168,12 +168,17 @@ def partition_layers(
     return out
 
 
-def step_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0) -> float | None:
+def step_floor(
+    pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0, past: float = math.inf
+) -> float | None:
     """A lower bound on the step time of these pipelines under any split of the blocks
     (slowest_floor + cost.dp_sync_floor), known before they are split; None if some pipeline
-    cannot hold the model."""
+    cannot hold the model. Where slowest_floor alone is past `past`, that (the sync's floor is
+    not worked out: a caller that asks only whether the floor passes `past` has its answer)."""
     slowest = slowest_floor(pipelines, model, cluster, in_flight)
-    return None if slowest is None else slowest + dp_sync_floor(pipelines, model, cluster)
+    if slowest is None or slowest > past:
+        return slowest
+    return slowest + dp_sync_floor(pipelines, model, cluster)
 
 
 def slowest_floor(pipelines: list[list[Group]], model: ModelSpec, cluster: Cluster, in_flight: int = 0) -> float | None:

@@ -259,7 +259,7 @@ def _layout(
     """Arranged pipelines scored: blocks partitioned, stages past L or pipelines that cannot hold
     the model alone left idle, micro-batches assigned; None if nothing fits, or if its pipelines
     alone take longer than `bound`."""
-    floor = step_floor(pipelines, model, cluster) if bound < math.inf else None
+    floor = step_floor(pipelines, model, cluster, past=bound * FLOOR_SLACK) if bound < math.inf else None
     if floor is not None and floor > bound * FLOOR_SLACK:
         return None
     costs = partition_layers(pipelines, model, cluster)
