@@ -173,8 +173,9 @@ def step_floor(
 ) -> float | None:
     """A lower bound on the step time of these pipelines under any split of the blocks
     (slowest_floor + cost.dp_sync_floor), known before they are split; None if some pipeline
-    cannot hold the model. Where slowest_floor alone is past `past`, that (the sync's floor is
-    not worked out: a caller that asks only whether the floor passes `past` has its answer)."""
+    cannot hold the model. Where slowest_floor alone is past `past`, it is returned as it is:
+    the sync's floor is not worked out, as a caller that asks only whether the floor passes
+    `past` has its answer."""
     slowest = slowest_floor(pipelines, model, cluster, in_flight)
     if slowest is None or slowest > past:
         return slowest
