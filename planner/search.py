@@ -259,8 +259,9 @@ def _layout(
     """Arranged pipelines scored: blocks partitioned, stages past L or pipelines that cannot hold
     the model alone left idle, micro-batches assigned; None if nothing fits, or if its pipelines
     alone take longer than `bound`."""
-    floor = step_floor(pipelines, model, cluster, past=bound * FLOOR_SLACK) if bound < math.inf else None
-    if floor is not None and floor > bound * FLOOR_SLACK:
+    limit = bound * FLOOR_SLACK
+    floor = step_floor(pipelines, model, cluster, past=limit) if bound < math.inf else None
+    if floor is not None and floor > limit:
         return None
     costs = partition_layers(pipelines, model, cluster)
     if costs is None and any(len(p) > model.layers for p in pipelines):  # a stage per block at most

@@ -109,8 +109,9 @@ class Space:
 
     def costs(self, pipe: Pipe) -> list[StageCost]:
         b = pipe.bounds
-        groups = enumerate(pipe.groups)
-        return [new_stage(StageCost, (g.node, g.t, g.speed, g.memory, b[k], b[k + 1])) for k, g in groups]
+        return [
+            new_stage(StageCost, (g.node, g.t, g.speed, g.memory, b[k], b[k + 1])) for k, g in enumerate(pipe.groups)
+        ]
 
     def info(self, pipe: Pipe):
         """(first, each, cap): T(m) = first + (m - 1) * each for m <= cap micro-batches
