@@ -3,10 +3,35 @@ rendezvous about to bind it."""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# Linux's default ephemeral range, where the kernel picks the local ports of outgoing connections.
+EPHEMERAL = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL
 
 
 def free_port() -> int:
+    """A port free now, that whoever asked binds soon after. Drawn below the ephemeral range:
+    there, any outgoing connection (a gRPC channel, gloo's) could take it in the meantime, which
+    a machine running many jobs (or tests) at once saw happen."""
+    low, _ = _ephemeral_range()
+    below = range(max(1024, low - 12000), low)
+    for port in random.sample(below, min(20, len(below))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

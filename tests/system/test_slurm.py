@@ -4,8 +4,10 @@ srun and hostname are shims that run the node's tasks here, on free ports."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,7 @@ def allocation(tmp_path):
         command = ["bash", str(tmp_path / "drover.sbatch"), str(job)]
         return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
+    run.ports = {fixed: int(free) for fixed, free in ports.items()}
     return run
 
 
@@ -81,3 +84,13 @@ def test_the_slurm_script_keeps_the_ca_key_off_the_nodes_and_runs_again(allocati
         everything = [p.name for p in (tmp_path / "drover-shared").rglob("*")]
         assert "ca.key" not in everything and not [n for n in everything if n.endswith(".token")]
         assert (shared / "server" / "server.key").stat().st_mode & 0o077 == 0
+
+
+def test_a_control_plane_that_cannot_start_ends_the_script_with_where_to_look(allocation, tmp_path):
+    with socket.socket() as taken:  # the clients' port, held by something else
+        taken.bind(("0.0.0.0", allocation.ports["50051"]))
+        started = time.monotonic()
+        run = allocation("103")
+    assert run.returncode == 1 and "the control plane exited" in run.stderr, run.stderr[-2000:]
+    assert time.monotonic() - started < 100  # not the 120 s that nodes are given to connect
+    assert "cannot listen" in (tmp_path / "drover-shared" / "run-103" / "logs" / "server.log").read_text()
