@@ -11,7 +11,7 @@ run: planner-ext
 test: planner-ext
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 bench: planner-ext
 	$(BIN)/python bench/planner.py

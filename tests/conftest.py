@@ -4,6 +4,7 @@ planes served in process."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -58,6 +59,15 @@ async def plane_factory(tmp_path):
 async def plane(plane_factory):
     """The default variant of plane_factory; see support.Plane."""
     return await plane_factory()
+
+
+@pytest.fixture
+def network_namespaces():
+    """For a test that makes network namespaces or asserts there are none: one such test at a
+    time on this machine (make test runs the suite in several processes)."""
+    with open("/run/lock/drover-test-network-namespaces", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ def _dead_pid() -> int:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and ip")
+@pytest.mark.usefixtures("network_namespaces")
 def test_what_a_killed_run_left_is_removed_and_a_live_runs_is_kept():
     """remove_stale, on real namespaces and a veth: a name whose PID is gone is deleted (a
     namespace, or an uplink ending in -cp), one of a live process stays."""

@@ -238,6 +238,7 @@ def nic_bytes(db: Path) -> dict[tuple[str, str], float]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.usefixtures("network_namespaces")
 def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
     """Two nodes on InfiniBand, two on RoCE, all four on a slower Ethernet, each in its own
     namespace: Drover's plan keeps each data-parallel group inside one RDMA network, its
@@ -274,6 +275,7 @@ def test_drover_up_on_an_emulated_multi_network_cluster(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.usefixtures("network_namespaces")
 def test_sigterm_to_drover_up_removes_its_network_and_processes(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(f"model: {ROOT / 'examples' / 'models' / 'tiny.yaml'}\nsteps: 4000\nseed: 0\n")
@@ -646,7 +648,10 @@ def test_a_real_corpus_trains_on_drover_up_and_its_validation_loss_falls(tmp_pat
     assert [e["step"] for e in evals] == [25, 50, 75, 100]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3
     assert f"val {evals[-1]['val_loss']:.4f}@100" in run.stdout  # it reached the control plane
-    assert sorted(p.name for p in (tmp_path / "text" / "checkpoints").iterdir()) == ["step-00000050", "step-00000100"]
+    # The job keeps two: the last step's, and step 50's unless a replan on a loaded machine wrote
+    # one since (a switch that leaves parts on one node is checkpointed at once).
+    kept = sorted(p.name for p in (tmp_path / "text" / "checkpoints").iterdir())
+    assert len(kept) == 2 and kept[-1] == "step-00000100" and "step-00000050" <= kept[0], kept
     drover("export", "text/checkpoints", "--out", "text/hf")
     assert (tmp_path / "text" / "hf" / "model.safetensors").exists()
 
