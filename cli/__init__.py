@@ -3,8 +3,8 @@
 The group is assembled here from the command modules, each imported when its
 command is named (COMMANDS): offline.py (plan, simulate, train), data.py (data
 prepare, data tokenizer, export), remote.py (commands that talk to a control
-plane), daemons.py (server, agent), up.py (a local cluster and one job) and
-report.py. Errors
+plane), daemons.py (server, agent), up.py (a local cluster and one job),
+report.py and compile_planner.py. Errors
 are mapped to exit codes in one place, `main`: bad input (a spec file, a
 plan, a usage mistake) prints one line on stderr and exits 2.
 """
@@ -48,6 +48,7 @@ COMMANDS = {
     **{name: f"daemons:{name}" for name in ("server", "agent", "certs")},
     **{name: f"remote:{name}" for name in ("job", "nodes", "telemetry", "replan", "detect", "node", "straggle")},
     "report": "report:report",
+    "compile-planner": "compile_planner:compile_planner",
 }
 
 

@@ -151,7 +151,7 @@ async def start_server(
     where = store.engine.url.render_as_string(hide_password=True)  # logs are shipped and read by many
     log.info("control plane: clients on port %d, agents on port %d, %s; database %s", port, agent_port, security, where)
     # An image or install without the planner's build plans in about 1.4 times the time: say which.
-    planner = "compiled" if COMPILED_MODULES else "pure Python (scripts/build_planner_ext.py compiles it)"
+    planner = "compiled" if COMPILED_MODULES else "pure Python (drover compile-planner compiles it)"
     log.info("planner: %s", planner)
     if metrics_http is not None:
         log.info("metrics at %s://%s/metrics", "https" if tls_dir else "http", metrics_address)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .compiled import load_compiled
 
-# The search's modules load compiled where scripts/build_planner_ext.py built them (compiled.py).
+# The search's modules load compiled where `drover compile-planner` built them (compiled.py).
 COMPILED_MODULES = load_compiled(__name__, Path(__file__).resolve().parent)
 
 # Exported names, each imported from its module when first read (PEP 562): a process that only

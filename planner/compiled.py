@@ -1,4 +1,4 @@
-"""The search's modules as C extensions, where scripts/build_planner_ext.py built them.
+"""The search's modules as C extensions, where `drover compile-planner` built them.
 
 Cython compiles the modules below as written (no types added), which plans the
 same plans in about 0.7 of the time at 64 GPUs. The build lives outside the
@@ -6,9 +6,8 @@ source tree (<venv>/drover-planner-ext/), with each source's SHA-256: a module
 loads compiled only while its source is byte for byte the one it was built from,
 so an edited module runs as the Python it now says, never as a stale build.
 DROVER_PLANNER_PURE=1 runs every module as Python (bench/planner_versus.py
-compares versions so; a profiler or debugger sees Python frames then). This
-file imports nothing of the planner: the build script reads COMPILED and
-manifest_entry from it.
+compares versions so; a profiler or debugger sees Python frames then). The
+build (cli/compile_planner.py) reads COMPILED and manifest_entry from here.
 """
 
 from __future__ import annotations

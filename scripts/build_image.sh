@@ -25,7 +25,6 @@ rm -rf "$BUILD/context" && mkdir -p "$BUILD/context/wheels"
 # torch pinned to the CPU build here: pyproject allows a range, which would pull a CUDA build.
 python3 -m pip wheel --quiet --wheel-dir "$BUILD/context/wheels" torch==2.13.0 ".[compiled]"
 cp docker/Dockerfile "$BUILD/context/Dockerfile"
-cp scripts/build_planner_ext.py "$BUILD/context/build_planner_ext.py"
 docker build -t drover:local "$BUILD/context"
 # Prometheus for the compose file's `metrics` profile (docs/operations.md).
 docker build -t drover-prometheus:local -f docker/prometheus.Dockerfile docker

@@ -3,7 +3,7 @@ Python source, and a module whose source changed since its build runs as that so
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import os
 import shutil
@@ -56,7 +56,7 @@ def test_compiled_planner_plans_as_the_python_source():
         pytest.skip(f"planner not compiled here: {json.loads(unavailable.read_text())['reason']}")
     # Otherwise `make test` has just built every module: a build older than its source, or none
     # at all (pytest run without make), fails here rather than leaving the planner slower unnoticed.
-    assert COMPILED_MODULES == COMPILED, "run scripts/build_planner_ext.py (make planner-ext)"
+    assert COMPILED_MODULES == COMPILED, "run drover compile-planner (make planner-ext)"
     compiled, pure = plans(pure=False), plans(pure=True)
     assert compiled["compiled"] == list(COMPILED) and pure["compiled"] == []
     assert compiled["plans"] == pure["plans"]
@@ -135,23 +135,21 @@ def test_the_build_lives_in_the_environment_not_the_source_tree():
     assert not list(SOURCES.glob("*.c"))  # nor is Cython's C written there (it once was, via a link)
 
 
-def build_script(monkeypatch, tmp_path, modules: tuple[str, ...]):
-    """scripts/build_planner_ext.py building `modules` of a copy of planner/ (as --source names) into
-    tmp_path/ext."""
-    spec = importlib.util.spec_from_file_location("build_planner_ext", ROOT / "scripts" / "build_planner_ext.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def a_build(monkeypatch, tmp_path, modules: tuple[str, ...]):
+    """drover compile-planner's build, of `modules` of a copy of planner/ (as --source names),
+    into tmp_path/ext: its main(source) to call."""
+    from drover.cli import compile_planner as script
+
     shutil.copytree(SOURCES, tmp_path / "planner")
-    monkeypatch.setattr(script, "SOURCE", tmp_path / "planner")
     monkeypatch.setattr(script, "COMPILED", modules)
     monkeypatch.setattr(script, "ext_dir", lambda: tmp_path / "ext")
-    return script
+    return functools.partial(script.main, tmp_path / "planner")
 
 
 def test_without_a_compiler_the_build_says_why_and_the_planner_runs_as_python(tmp_path, monkeypatch, capsys):
-    script = build_script(monkeypatch, tmp_path, ("assignment",))
+    build = a_build(monkeypatch, tmp_path, ("assignment",))
     monkeypatch.setenv("CC", "no-such-compiler")
-    assert script.main() == 0
+    assert build() == 0
     assert json.loads((tmp_path / "ext" / UNAVAILABLE).read_text()) == {"reason": "no C compiler (no-such-compiler)"}
     assert "runs as pure Python" in capsys.readouterr().err
     assert load_compiled("drover.planner", SOURCES, tmp_path / "ext") == ()
@@ -159,10 +157,10 @@ def test_without_a_compiler_the_build_says_why_and_the_planner_runs_as_python(tm
 
 @pytest.mark.skipif((ext_dir() / UNAVAILABLE).is_file(), reason="no Cython, compiler or headers here")
 def test_a_module_cython_refuses_fails_the_build_and_says_what_to_do(tmp_path, monkeypatch, capsys):
-    script = build_script(monkeypatch, tmp_path, ("assignment",))
+    build = a_build(monkeypatch, tmp_path, ("assignment",))
     source = tmp_path / "planner" / "assignment.py"
     starred = "\n\ndef starred(a, b):\n    return max([a, *b])\n"  # Python takes it, Cython does not
     source.write_text(source.read_text() + starred)
-    assert script.main() == 1
+    assert build() == 1
     assert "Keep assignment within the Python Cython compiles" in capsys.readouterr().err
     assert not (tmp_path / "ext").exists()
