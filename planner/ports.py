@@ -7,23 +7,21 @@ import random
 import socket
 from pathlib import Path
 
-# Linux's default ephemeral range, where the kernel picks the local ports of outgoing connections.
-EPHEMERAL = (32768, 60999)
 
-
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """Where the kernel starts picking the local ports of outgoing connections (Linux's
+    ip_local_port_range; 32768 by default)."""
     try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return EPHEMERAL
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
     """A port free now, that whoever asked binds soon after. Drawn below the ephemeral range:
     there, any outgoing connection (a gRPC channel, gloo's) could take it in the meantime, which
     a machine running many jobs (or tests) at once saw happen."""
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     below = range(max(1024, low - 12000), low)
     for port in random.sample(below, min(20, len(below))):
         with socket.socket() as s:

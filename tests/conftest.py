@@ -65,7 +65,7 @@ async def plane(plane_factory):
 def network_namespaces():
     """For a test that makes network namespaces or asserts there are none: one such test at a
     time on this machine (make test runs the suite in several processes)."""
-    with open("/run/lock/drover-test-network-namespaces", "w") as lock:
+    with open(Path(tempfile.gettempdir()) / "drover-test-network-namespaces.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
