@@ -16,8 +16,8 @@ import time
 from .candidate import Candidate
 from .cluster import Cluster
 from .model import ModelSpec
-from .walk_moves import Moves
-from .walk_space import REL, Pipe, Space
+from .walk_moves import Moves, same_shape
+from .walk_space import REL, Change, Pipe, Space
 from .walk_state import State
 
 # Proposals in a row that find no move before a search stops: a state without neighbours (one
@@ -120,20 +120,72 @@ def refine(candidate: Candidate, cluster: Cluster, model: ModelSpec, evals: int,
     if evals < 1:
         return candidate
     sp = Space(cluster, model)
-    pipes = [
-        Pipe(tuple(sp.group(ids) for ids in row), (0, *(c.end for c in costs)))
-        for row, costs in zip(candidate.devices, candidate.costs)
-    ]
     (pipes, removed), _, step = Walk(sp, random.Random(0), evals, deadline=deadline).search(
-        State(sp, pipes, set(candidate.removed)), 1.0, []
+        State(sp, _pipes_of(candidate, sp), set(candidate.removed)), 1.0, []
     )
     if step >= candidate.step_time_s * (1 - REL):
         return candidate
-    st = State(sp, pipes, removed)
+    return _candidate_of(State(sp, pipes, removed), sp)
+
+
+def settle(candidate: Candidate, cluster: Cluster, model: ModelSpec, evals: int, deadline=None) -> Candidate:
+    """The candidate with its block boundaries settled: each boundary moved by one block either
+    way, in every pipeline of its shape at once, the move that lowers the step time most taken,
+    until none does or `evals` moves are scored. The partition splits
+    blocks for the pipelines' compute with the sync's share only estimated; scored exactly, one
+    block off a stage whose gradients sync over Ethernet can pay. The random descent rarely
+    draws that one boundary: in generated scenario 51 of seed 0 it took 4,000 moves."""
+    sp = Space(cluster, model)
+    st = State(sp, _pipes_of(candidate, sp), set(candidate.removed))
+    scored_count = 0
+    while scored_count < evals and not (deadline is not None and deadline.passed()):
+        best = None
+        for change in _boundary_shifts(st):
+            scored = st.evaluate(change)
+            scored_count += 1
+            if scored is not None and st.better(scored) and (best is None or scored < best[0]):
+                best = (scored, change)
+            if scored_count >= evals:
+                break
+        if best is None:
+            break
+        st.evaluate(best[1], commit=True)
+    if st.step >= candidate.step_time_s * (1 - REL):
+        return candidate
+    return _candidate_of(st, sp)
+
+
+def _boundary_shifts(st: State):
+    """Every boundary one block either way, in all pipelines of its pipeline's shape at once (each
+    shape once). Shifting one pipeline of several alike as well found nothing more on 800
+    generated scenarios, for up to 0.4 s more at 1,024 GPUs."""
+    seen = set()
+    for p, pipe in enumerate(st.pipes):
+        alike = same_shape(st, p)
+        if alike[0] in seen:
+            continue
+        seen.add(alike[0])
+        for i in range(1, len(pipe.groups)):
+            for delta in (-1, 1):
+                bounds = list(pipe.bounds)
+                bounds[i] += delta
+                if bounds[i - 1] < bounds[i] < bounds[i + 1]:
+                    bounds = tuple(bounds)
+                    yield Change("shift", {q: Pipe(st.pipes[q].groups, bounds) for q in alike})
+
+
+def _pipes_of(candidate: Candidate, sp: Space) -> list[Pipe]:
+    return [
+        Pipe(tuple(sp.group(ids) for ids in row), (0, *(c.end for c in costs)))
+        for row, costs in zip(candidate.devices, candidate.costs)
+    ]
+
+
+def _candidate_of(st: State, sp: Space) -> Candidate:
     return Candidate(
         [[g.devices for g in p.groups] for p in st.pipes],
         [sp.costs(p) for p in st.pipes],
         list(st.micro),
-        sorted(removed),
+        sorted(st.removed),
         st.step,
     )

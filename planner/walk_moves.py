@@ -99,15 +99,6 @@ class Moves:
         p, k = self._stage(st)
         return self.rng.choice(st.pipes[p].groups[k].devices)
 
-    def _same_shape(self, st: State, p: int) -> list[int]:
-        pipe = st.pipes[p]
-        sig = (pipe.bounds, tuple((g.t, g.speed) for g in pipe.groups))
-        return [
-            q
-            for q, other in enumerate(st.pipes)
-            if other.bounds == sig[0] and tuple((g.t, g.speed) for g in other.groups) == sig[1]
-        ]
-
     # -- moves ------------------------------------------------------------------------------
 
     def _boundary(self, st: State) -> tuple[int, Pipe, int] | None:
@@ -129,7 +120,7 @@ class Moves:
         if not (b[i - 1] < b[i] < b[i + 1]):
             return None
         b = tuple(b)
-        targets = self._same_shape(st, p) if self.rng.random() < 0.4 else [p]
+        targets = same_shape(st, p) if self.rng.random() < 0.4 else [p]
         return Change("shift", {q: Pipe(st.pipes[q].groups, b) for q in targets})
 
     def _align(self, st: State) -> Change | None:
@@ -158,7 +149,7 @@ class Moves:
             return None
         if self.rng.random() < 0.5:
             return Change("rebalance", {p: new})
-        return Change("rebalance", {q: Pipe(st.pipes[q].groups, new.bounds) for q in self._same_shape(st, p)})
+        return Change("rebalance", {q: Pipe(st.pipes[q].groups, new.bounds) for q in same_shape(st, p)})
 
     def _swap_groups(self, st: State) -> Change | None:
         p, k = self._stage(st)
@@ -372,6 +363,17 @@ class Moves:
             return None if len(st.pipes) == 1 else Change(kind, {p: None}, remove=gone)
         new = self._rebuilt(st, rest, self._m(st, p))
         return None if new is None else Change(kind, {p: new}, remove=gone)
+
+
+def same_shape(st: State, p: int) -> list[int]:
+    """The pipelines with pipeline p's block bounds and its groups' sizes and speeds (p among them)."""
+    pipe = st.pipes[p]
+    sig = (pipe.bounds, tuple((g.t, g.speed) for g in pipe.groups))
+    return [
+        q
+        for q, other in enumerate(st.pipes)
+        if other.bounds == sig[0] and tuple((g.t, g.speed) for g in other.groups) == sig[1]
+    ]
 
 
 def _put(groups: tuple[Group, ...], k: int, g: Group) -> tuple[Group, ...]:

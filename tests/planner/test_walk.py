@@ -14,10 +14,10 @@ from drover.planner.cluster import cluster_from_dict
 from drover.planner.cost import evaluate, stage_costs, validate
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
-from drover.planner.walk import GIVE_UP, refine
+from drover.planner.walk import GIVE_UP, _boundary_shifts, refine, settle
 from drover.planner.walk_moves import Moves
 from drover.planner.walk_space import Pipe, Space
-from drover.planner.walk_state import state_from_plan
+from drover.planner.walk_state import State, state_from_plan
 
 A100 = {"name": "A100-80G", "tflops": 312, "memory_gib": 80}
 IB = [{"type": "infiniband", "gbps": 200, "count": 8}]
@@ -129,3 +129,35 @@ def test_a_plan_without_neighbours_stops_the_walk_early(monkeypatch):
     monkeypatch.setattr(Moves, "propose", lambda self, st: proposed.append(1) or propose(self, st))
     assert refine(candidate, one, MODEL, evals=300) is candidate
     assert len(proposed) == GIVE_UP + 1  # each of them empty
+
+
+def test_settle_takes_boundaries_moved_off_back_to_where_no_shift_helps():
+    """Drover's plan with one boundary of every pipeline two blocks off: settle's best-first
+    shifts give a valid plan at least as fast as Drover's, from which no single shift helps."""
+    c = cluster([IB, ROCE, [], IB], STRAGGLERS)
+    plan = make_plan(c, MODEL)
+    sp = Space(c, MODEL)
+    st = state_from_plan(sp, plan)
+    moved = []
+    for pipe in st.pipes:
+        bounds = list(pipe.bounds)
+        i = max(range(1, len(bounds) - 1), key=lambda k: bounds[k + 1] - bounds[k])  # into the fullest stage
+        bounds[i] = min(bounds[i] + 2, bounds[i + 1] - 1)
+        moved.append(Pipe(pipe.groups, tuple(bounds)))
+    off = State(sp, moved, st.removed)
+    assert off.step > plan.predicted.step_time_s * 1.01
+    candidate = Candidate(
+        [[g.devices for g in p.groups] for p in off.pipes],
+        [sp.costs(p) for p in off.pipes],
+        list(off.micro),
+        sorted(off.removed),
+        off.step,
+    )
+    settled = settle(candidate, c, MODEL, evals=10_000)
+    result = settled.to_plan("drover", c, MODEL)
+    validate(result, c, MODEL)
+    assert result.predicted.step_time_s == pytest.approx(settled.step_time_s, rel=1e-9)
+    assert settled.step_time_s <= plan.predicted.step_time_s * (1 + 1e-9)
+    final = state_from_plan(sp, result)
+    assert not any(final.better(s) for s in map(final.evaluate, _boundary_shifts(final)) if s is not None)
+    assert settle(candidate, c, MODEL, evals=0) is candidate
