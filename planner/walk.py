@@ -16,7 +16,7 @@ import time
 from .candidate import Candidate
 from .cluster import Cluster
 from .model import ModelSpec
-from .walk_moves import Moves
+from .walk_moves import Moves, shape
 from .walk_space import REL, Change, Pipe, Space
 from .walk_state import State
 
@@ -161,7 +161,7 @@ def _boundary_shifts(st: State):
     generated scenarios, for up to 0.4 s more at 1,024 GPUs."""
     shapes: dict[tuple, list[int]] = {}  # walk_moves.same_shape's sets, in one pass
     for q, pipe in enumerate(st.pipes):
-        shapes.setdefault((pipe.bounds, tuple([(g.t, g.speed) for g in pipe.groups])), []).append(q)
+        shapes.setdefault(shape(pipe), []).append(q)
     for (bounds_now, _), alike in shapes.items():
         groups = st.pipes[alike[0]].groups
         for i in range(1, len(groups)):

@@ -365,15 +365,15 @@ class Moves:
         return None if new is None else Change(kind, {p: new}, remove=gone)
 
 
+def shape(pipe: Pipe) -> tuple:
+    """What pipelines alike share: block bounds, and their groups' sizes and speeds."""
+    return pipe.bounds, tuple([(g.t, g.speed) for g in pipe.groups])
+
+
 def same_shape(st: State, p: int) -> list[int]:
-    """The pipelines with pipeline p's block bounds and its groups' sizes and speeds (p among them)."""
-    pipe = st.pipes[p]
-    sig = (pipe.bounds, tuple((g.t, g.speed) for g in pipe.groups))
-    return [
-        q
-        for q, other in enumerate(st.pipes)
-        if other.bounds == sig[0] and tuple((g.t, g.speed) for g in other.groups) == sig[1]
-    ]
+    """The pipelines of pipeline p's shape (p among them)."""
+    sig = shape(st.pipes[p])
+    return [q for q, other in enumerate(st.pipes) if other.bounds == sig[0] and shape(other) == sig]
 
 
 def _put(groups: tuple[Group, ...], k: int, g: Group) -> tuple[Group, ...]:

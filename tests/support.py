@@ -303,6 +303,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
+def run_bench(script: str, *args: str) -> dict:
+    """A bench/ script's JSON report, run as a user runs it (from the checkout, exit status 0)."""
+    run = subprocess.run(
+        [sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
 # -- a page as a headless browser draws it ------------------------------------------
 
 

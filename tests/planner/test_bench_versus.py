@@ -3,24 +3,14 @@ tree's, both timed on the same shapes and their plans compared."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from support import ROOT
+from support import run_bench
 
 
 def test_planner_versus_times_and_compares_two_versions():
-    run = subprocess.run(
-        [sys.executable, "bench/planner_versus.py", "--against", "HEAD", "--gpus", "64", "--models", "gpt-70b"]
-        + ["--rounds", "1", "--scenarios", "2", "--seed", "3"],  # seed 3 begins with 64 and 126 GPUs
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout)
+    report = run_bench(
+        "planner_versus.py", "--against", "HEAD", "--gpus", "64", "--models", "gpt-70b",
+        "--rounds", "1", "--scenarios", "2", "--seed", "3",  # seed 3 begins with 64 and 126 GPUs
+    )  # fmt: skip
     (row,) = report["planning_time"]
     assert (row["gpus"], row["model"]) == (64, "gpt-70b")
     assert set(row["seconds"]) == {"HEAD", "working tree"} and min(row["seconds"].values()) > 0

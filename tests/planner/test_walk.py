@@ -14,7 +14,7 @@ from drover.planner.cluster import cluster_from_dict
 from drover.planner.cost import evaluate, stage_costs, validate
 from drover.planner.model import model_from_dict
 from drover.planner.search import make_plan
-from drover.planner.walk import GIVE_UP, _boundary_shifts, refine, settle
+from drover.planner.walk import GIVE_UP, _boundary_shifts, _candidate_of, refine, settle
 from drover.planner.walk_moves import Moves
 from drover.planner.walk_space import Pipe, Space
 from drover.planner.walk_state import State, state_from_plan
@@ -146,13 +146,7 @@ def test_settle_takes_boundaries_moved_off_back_to_where_no_shift_helps():
         moved.append(Pipe(pipe.groups, tuple(bounds)))
     off = State(sp, moved, st.removed)
     assert off.step > plan.predicted.step_time_s * 1.01
-    candidate = Candidate(
-        [[g.devices for g in p.groups] for p in off.pipes],
-        [sp.costs(p) for p in off.pipes],
-        list(off.micro),
-        sorted(off.removed),
-        off.step,
-    )
+    candidate = _candidate_of(off, sp)
     settled = settle(candidate, c, MODEL, evals=10_000)
     result = settled.to_plan("drover", c, MODEL)
     validate(result, c, MODEL)
