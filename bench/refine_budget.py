@@ -4,8 +4,8 @@
     python bench/refine_budget.py --evals 250,8000 --below 0.995
 
 For each case of bench/gap_cases.json whose saved ratio is below --below, Drover plans with each
-budget of search.REFINE_EVALS in turn (the rest of the planner as it is). Prints one JSON
-document: per case and budget, Drover's throughput over the saved reference plan's, and the
+budget in turn as search.REFINE_EVALS, at every cluster size (the rest of the planner as it is).
+Prints one JSON document: per case and budget, Drover's throughput over the saved reference plan's, and the
 planning time (one plan, this machine). The reference plans were found from an earlier version's
 plan, so a ratio above 1 means this version beats that search.
 """
@@ -34,7 +34,7 @@ def run(cases: list[dict], budgets: list[int]) -> list[dict]:
             scenario = scenario_from_dict(case["scenario"])
             row = {"id": case["id"], "gpus": case["gpus"], "saved_ratio": case["ratio"], "by_evals": {}}
             for evals in budgets:
-                search.REFINE_EVALS = evals
+                search.REFINE_EVALS = (evals, evals)
                 cluster, model = scenario.cluster(), scenario.model()
                 started = time.perf_counter()
                 plan = search.make_plan(cluster, model)

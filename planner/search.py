@@ -116,11 +116,16 @@ FLOOR_SLACK = 1 + 1e-9  # step_floor sums in another order than the cost model: 
 # charged in full, under a budget of 5,000 and 75), planning takes about as long, and 17 plans of
 # seed 0's 200 generated scenarios are faster (up to 1.9%), one slower (0.02%).
 POLISH_STAGES = (3_500, 52)
-# Random moves the closing descent (walk.refine) scores (0: none): 300 took the generated
-# scenarios below 0.99 of the reference search from 24 of 200 (seed 0) to 12, for about 0.05 s a
-# plan at 64 GPUs; kicks (iterated local search) and 500 moves did no better per second. 250 pay
-# for the "blocks" arrangement: 19 and 16 plans of seeds 0 and 7 lost up to 0.7%, for 4% less time.
-REFINE_EVALS = 250
+# Random moves the closing descent (walk.refine) scores (0: none): the first on up to 64 usable
+# GPUs and past 512 (REFINE_GPUS), the second in between (refine_evals). 300 took the generated scenarios below
+# 0.99 of the reference search from 24 of 200 (seed 0) to 12, for about 0.05 s a plan at 64 GPUs;
+# kicks (iterated local search) and 500 moves did no better per second. 250 pay for the "blocks"
+# arrangement: 19 and 16 plans of seeds 0 and 7 lost up to 0.7%, for 4% less time. From 65 to 512
+# GPUs, where neither planning-time target binds, 1,000: of 800 generated scenarios (seeds 0, 5, 7,
+# 9) and the timing shapes, 182 plans faster (up to 1.4%), 4 slower (up to 0.2%), for about a
+# third more planning time at those sizes (0.33 to 0.45 s at 128 GPUs, mean).
+REFINE_EVALS = (250, 1_000)
+REFINE_GPUS = (64, 512)
 # Stages relocation (polish.relocate) may score after the descent: 1,000 up to 66 GPUs, 15 a GPU
 # past that. On 800 generated scenarios, 22 plans faster (up to 3%), none slower; 1% more time at
 # the worst 64-GPU shape, 4% at 1,024 GPUs.
@@ -130,6 +135,12 @@ RELOCATE_STAGES = (1_000, 15)
 # reference search before), none slower, for 1 to 3 ms a plan at 64 GPUs and up to 0.18 s at
 # 1,024 (a pass costs one move per boundary of each shape of pipeline; the cap bounds it).
 SETTLE_EVALS = 2_000
+
+
+def refine_evals(usable: int) -> int:
+    """The closing descent's budget for a cluster of this many usable GPUs (REFINE_EVALS)."""
+    small, mid = REFINE_EVALS
+    return mid if REFINE_GPUS[0] < usable <= REFINE_GPUS[1] else small
 
 
 @dataclass(frozen=True)
@@ -480,7 +491,7 @@ def search(cluster: Cluster, model: ModelSpec, deadline: Deadline | None = None)
     # Compiled (planner/compiled.py), the inner functions and the scope they share hold each other:
     # let go, the search's layouts are freed now, not by a pass of the collector (30 ms at 64 GPUs).
     groups = in_order_of = arranged = try_layout = worth_below = consider = ahead = None  # noqa: F811, F841
-    refined = refine(best, cluster, model, REFINE_EVALS, deadline)
+    refined = refine(best, cluster, model, refine_evals(len(cluster.usable)), deadline)
     stages = max(RELOCATE_STAGES[0], RELOCATE_STAGES[1] * len(cluster.usable))
     return settle(relocate(refined, cluster, model, stages, deadline), cluster, model, SETTLE_EVALS, deadline)
 
