@@ -5,9 +5,9 @@
 
 For each case of bench/gap_cases.json whose saved ratio is below --below, Drover plans with each
 budget in turn as search.REFINE_EVALS, at every cluster size (the rest of the planner as it is).
-Prints one JSON document: per case and budget, Drover's throughput over the saved reference plan's, and the
-planning time (one plan, this machine). The reference plans were found from an earlier version's
-plan, so a ratio above 1 means this version beats that search.
+Prints one JSON document: per case and budget, Drover's throughput over the saved reference
+plan's, and the planning time (one plan, this machine). The reference plans were found from an
+earlier version's plan, so a ratio above 1 means this version beats that search.
 """
 
 from __future__ import annotations

@@ -117,13 +117,13 @@ FLOOR_SLACK = 1 + 1e-9  # step_floor sums in another order than the cost model: 
 # seed 0's 200 generated scenarios are faster (up to 1.9%), one slower (0.02%).
 POLISH_STAGES = (3_500, 52)
 # Random moves the closing descent (walk.refine) scores (0: none): the first on up to 64 usable
-# GPUs and past 512 (REFINE_GPUS), the second in between (refine_evals). 300 took the generated scenarios below
-# 0.99 of the reference search from 24 of 200 (seed 0) to 12, for about 0.05 s a plan at 64 GPUs;
-# kicks (iterated local search) and 500 moves did no better per second. 250 pay for the "blocks"
-# arrangement: 19 and 16 plans of seeds 0 and 7 lost up to 0.7%, for 4% less time. From 65 to 512
-# GPUs, where neither planning-time target binds, 1,000: of 800 generated scenarios (seeds 0, 5, 7,
-# 9) and the timing shapes, 182 plans faster (up to 1.4%), 4 slower (up to 0.2%), for about a
-# third more planning time at those sizes (0.33 to 0.45 s at 128 GPUs, mean).
+# GPUs and past 512 (REFINE_GPUS), the second in between (refine_evals). 300 took the generated
+# scenarios below 0.99 of the reference search from 24 of 200 (seed 0) to 12, for about 0.05 s a
+# plan at 64 GPUs; kicks (iterated local search) and 500 moves did no better per second. 250 pay
+# for the "blocks" arrangement: 19 and 16 plans of seeds 0 and 7 lost up to 0.7%, for 4% less
+# time. From 65 to 512 GPUs, where neither planning-time target binds, 1,000: of 800 generated
+# scenarios (seeds 0, 5, 7, 9) and the timing shapes, 182 plans faster (up to 1.4%), 4 slower (up
+# to 0.2%), for about a third more planning time at those sizes (0.33 to 0.45 s at 128 GPUs, mean).
 REFINE_EVALS = (250, 1_000)
 REFINE_GPUS = (64, 512)
 # Stages relocation (polish.relocate) may score after the descent: 1,000 up to 66 GPUs, 15 a GPU

@@ -739,8 +739,9 @@ def test_a_loss_in_the_middle_of_a_live_switch_is_survived(scope, dies, local_cl
     # leave the end well past it (200 did, for nothing but time).
     job_file.write_text(json.dumps({"name": "replicated", "model": REPLICATED, "steps": 60, "seed": 1}))
     # Only the 4x straggler replans: on a loaded CI host a worker once read 1.9x slow at step 4,
-    # and that plan, as fast as the first, put both copies of the first stage on node-1 (the
-    # planner does not keep copies on two nodes), so node-1's death lost them.
+    # and the plan that followed put both copies of the first stage on node-1 (their sync stays
+    # inside the node; the planner does not keep a part's copies on two nodes), so node-1's
+    # death lost them.
     monkeypatch.setenv("DROVER_HEALTHY_BELOW", "2.5")
     c = local_cluster(nodes=2, devices_per_node=2)
     job = c.submit(job_file, "run")
